@@ -91,6 +91,9 @@ class DFlashConfig(PretrainedConfig):
         mask_token_id = nested.get("mask_token_id", mask_token_id)
         target_layer_ids = nested.get("target_layer_ids", target_layer_ids)
         block_size = nested.get("block_size", block_size)
+        input_embedding_scale = nested.get("input_embedding_scale", input_embedding_scale)
+        output_multiplier = nested.get("output_multiplier", output_multiplier)
+        final_logit_softcapping = nested.get("final_logit_softcapping", final_logit_softcapping)
 
         # transformers 5 configs carry RoPE in `rope_parameters`; older ones in `rope_theta` / `rope_scaling`.
         rope_parameters = kwargs.pop("rope_parameters", None) or {}
@@ -146,6 +149,13 @@ class DFlashConfig(PretrainedConfig):
         # Kept so a z-lab reader of our config.json finds what it expects.
         self.dflash_config = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
         super().__init__(**kwargs)
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("dflash_config") is not None and config_dict.get("model_type") != cls.model_type:
+            config_dict = {**config_dict, "model_type": cls.model_type}  # z-lab layout: read as ours
+        return config_dict, kwargs
 
     @property
     def num_proposals(self) -> int:

