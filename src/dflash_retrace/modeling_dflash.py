@@ -89,7 +89,15 @@ def sdpa_attention(query, key, value, mask, scaling, num_key_value_groups, dropo
     if num_key_value_groups > 1:
         key = key.repeat_interleave(num_key_value_groups, dim=1)
         value = value.repeat_interleave(num_key_value_groups, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    if query.is_cuda:
+        # cuDNN attention builds a new plan whenever the key length changes (every round here): measured on an
+        # H200 at Qwen3-8B shapes, 48 ms vs 6 ms per drafter forward. Use the other kernels.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    else:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out.transpose(1, 2)  # (b, q, h, d)
 
 
