@@ -20,13 +20,6 @@ from dflash_retrace.metrics import (
 from tiny import EOS, VOCAB, tiny_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, and the machine is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 # ------------------------------------------------------------------------------- metrics
 

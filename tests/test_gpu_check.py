@@ -2,20 +2,10 @@
 
 import json
 
-import pytest
 import torch
 
 from dflash_retrace.cli import main as cli_main
 from dflash_retrace.gpu_check import SHAPES, build_models
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread, and the machine is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_qwen3_8b_shapes_are_the_published_ones():

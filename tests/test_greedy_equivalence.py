@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from transformers import StoppingCriteria, TextStreamer
+from transformers import StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from tiny import EOS, prompts
+from tiny import prompts
 
 B = 8  # block size of the session drafters
 LENGTHS = [1, 2, B - 1, B, B + 1, 2 * B + 3, 40]

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import torch
 
 SCRIPT = textwrap.dedent(
     """

@@ -206,13 +206,17 @@ class DFlashCandidateGenerator(CandidateGenerator):
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
         logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
         drafts, logits = self._propose(input_ids, logits)
-        drafts, logits, states = self._cut_at_eos(drafts, logits, states)
+        draft_list = drafts[0].tolist()  # the one host sync of a round (EOS cut, statistics)
+        if self.eos_ids:
+            cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), len(draft_list))
+            # nothing after an EOS can be committed
+            draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
 
         capped = num_proposals < self.block_size - 1
         self.memory_source = None if capped or not self.use_retrace else (states, drafts.shape[1])
         self.stats.num_proposals.append(drafts.shape[1])
         self.stats.conditioned_slots.append(memory.num_conditioned if memory is not None else 0)
-        self.stats.drafts.append(drafts[0].tolist())
+        self.stats.drafts.append(draft_list)
         if getattr(self.drafter, "record_rounds", False):
             self.stats.rounds.append(
                 {"anchor_position": seq_len - 1, "block_length": block_len,
@@ -248,13 +252,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
             probs = torch.softmax(logits, dim=-1)  # (1, k, V)
             return torch.multinomial(probs[0], num_samples=1).T
         return logits.argmax(dim=-1)
-
-    def _cut_at_eos(self, drafts, logits, states):
-        if self.eos_ids:
-            for k, token in enumerate(drafts[0].tolist()):
-                if token in self.eos_ids:  # nothing after an EOS can be committed
-                    return drafts[:, : k + 1], logits[:, : k + 1], states[:, : k + 1]
-        return drafts, logits, states
 
     def _memory(self, accepted, hidden_states):
         """Aligns last round's memory to this block: new slot i takes old slot i + a + 1 if it exists."""

