@@ -161,3 +161,25 @@ def test_builtin_dflash_path_runs_plain_dflash(target):
         out = target.generate(PROMPT, assistant_model=rt, max_new_tokens=10, do_sample=False,
                               speculation_type="dflash")
     assert torch.equal(ref, out)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt_lookup_num_tokens=3), "prompt lookup decoding"),
+        (dict(assistant_ensemble_weight=0.5), "ensemble verification"),
+    ],
+)
+def test_other_speculation_methods_are_refused(target, drafter, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, **kwargs)
+
+
+def test_config_top_level_edits_survive_save(tmp_path):
+    config = DFlashConfig(hidden_size=64, num_attention_heads=4, mask_token_id=151669, target_layer_ids=[1, 2])
+    config.mask_token_id = 7  # as the mask-token error message suggests
+    config.save_pretrained(tmp_path)
+    reloaded = DFlashConfig.from_pretrained(tmp_path)
+    assert reloaded.mask_token_id == 7 and reloaded.to_dict()["dflash_config"]["mask_token_id"] == 7
+    zlab = DFlashConfig(dflash_config={"mask_token_id": 5, "target_layer_ids": [3]}, block_size=8)
+    assert (zlab.mask_token_id, zlab.target_layer_ids, zlab.block_size) == (5, [3], 8)

@@ -130,10 +130,10 @@ def _round(gen, num_proposals):
     return hidden
 
 
-@pytest.mark.parametrize("accepted", [0, 1, K - 2, K - 1])
+@pytest.mark.parametrize("accepted", [0, 1, K - 3, K - 2])
 def test_alignment_shift(qwen3_target, live_retrace, accepted):
     gen = _generator(qwen3_target, live_retrace)
-    memory = gen._memory(accepted, _round(gen, K))
+    memory, conditioned = gen._memory(accepted, _round(gen, K))
     valid = memory.valid[0].tolist()
     assert valid[0] is False  # the anchor is never conditioned
     for i in range(1, B):
@@ -142,26 +142,29 @@ def test_alignment_shift(qwen3_target, live_retrace, accepted):
         if valid[i]:
             assert memory.drafter_states[0, i, 0] == src  # m of old slot src
             assert memory.target_states[0, i, 0] == 100 + src - 1  # u that scored old slot src
-    assert memory.num_conditioned == max(0, K - accepted - 1)
+    assert memory.num_conditioned == conditioned == K - accepted - 1
     assert gen.memory_source is None  # consumed: one round only
 
 
-def test_full_acceptance_leaves_no_memory(qwen3_target, live_retrace):
+@pytest.mark.parametrize("accepted", [K - 1, K])
+def test_no_rejected_suffix_leaves_no_memory(qwen3_target, live_retrace, accepted):
+    """a = K: full acceptance; a = K - 1: only d_K was rejected and the bonus replaced it."""
     gen = _generator(qwen3_target, live_retrace)
-    assert gen._memory(K, _round(gen, K)) is None
+    assert gen._memory(accepted, _round(gen, K)) == (None, 0)
 
 
 def test_eos_shortened_round(qwen3_target, live_retrace):
     """A draft cut at EOS after 3 proposals: only old slots 1..3 can feed the next block."""
     gen = _generator(qwen3_target, live_retrace)
-    memory = gen._memory(0, _round(gen, 3))
+    memory, conditioned = gen._memory(0, _round(gen, 3))
+    assert conditioned == 2
     assert memory.valid[0].tolist() == [False, True, True] + [False] * (B - 3)
     assert memory.drafter_states[0, 1, 0] == 2 and memory.drafter_states[0, 2, 0] == 3
 
 
 def test_no_memory_without_a_source(qwen3_target, live_retrace):
     gen = _generator(qwen3_target, live_retrace)
-    assert gen._memory(0, [None] * 5) is None
+    assert gen._memory(0, [None] * 5) == (None, 0)
 
 
 def test_budget_capped_round_clears_memory(qwen3_target, live_retrace, train_prompts):

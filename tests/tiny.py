@@ -52,7 +52,7 @@ def train_drafter(target, rows, steps=300, block_size=8, layers=2, lr=3e-3, seed
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
         ids, mask = rows[step % len(rows)]
-        anchors = sample_anchors(mask, drafter.config.block_size, 16, generator=g)
+        anchors = sample_anchors(mask, 16, generator=g)
         loss, _ = dflash_block_loss(drafter, target, ids, mask, anchors)
         opt.zero_grad()
         loss.backward()

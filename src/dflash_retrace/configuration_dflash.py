@@ -59,7 +59,7 @@ class DFlashConfig(PretrainedConfig):
 
     def __init__(
         self,
-        block_size: int = 16,
+        block_size: int | None = None,
         mask_token_id: int | None = None,
         target_layer_ids: list | None = None,
         num_target_layers: int | None = None,
@@ -80,20 +80,24 @@ class DFlashConfig(PretrainedConfig):
         retrace: bool = False,
         retrace_beta: float = 1.0,
         proposal_policy: str = "argmax",
-        input_embedding_scale: float = 1.0,
-        output_multiplier: float = 1.0,
+        input_embedding_scale: float | None = None,
+        output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
-        # z-lab layout: the DFlash fields live in a nested dict; the top level wins only if the nested one lacks them.
+        # z-lab's layout nests these in `dflash_config`; a top-level value (our layout, or a user's edit) wins.
         nested = dict(dflash_config or {})
-        mask_token_id = nested.get("mask_token_id", mask_token_id)
-        target_layer_ids = nested.get("target_layer_ids", target_layer_ids)
-        block_size = nested.get("block_size", block_size)
-        input_embedding_scale = nested.get("input_embedding_scale", input_embedding_scale)
-        output_multiplier = nested.get("output_multiplier", output_multiplier)
-        final_logit_softcapping = nested.get("final_logit_softcapping", final_logit_softcapping)
+
+        def pick(value, name, default=None):
+            return value if value is not None else nested.get(name, default)
+
+        mask_token_id = pick(mask_token_id, "mask_token_id")
+        target_layer_ids = pick(target_layer_ids, "target_layer_ids")
+        block_size = pick(block_size, "block_size", 16)
+        input_embedding_scale = pick(input_embedding_scale, "input_embedding_scale", 1.0)
+        output_multiplier = pick(output_multiplier, "output_multiplier", 1.0)
+        final_logit_softcapping = pick(final_logit_softcapping, "final_logit_softcapping")
 
         # transformers 5 configs carry RoPE in `rope_parameters`; older ones in `rope_theta` / `rope_scaling`.
         rope_parameters = kwargs.pop("rope_parameters", None) or {}
@@ -146,9 +150,13 @@ class DFlashConfig(PretrainedConfig):
         if target_layer_ids is None and num_target_layers is not None:
             target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
-        # Kept so a z-lab reader of our config.json finds what it expects.
-        self.dflash_config = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
         super().__init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        # Written from the live values so a z-lab reader of our config.json finds what it expects.
+        out["dflash_config"] = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        return out
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):

@@ -179,11 +179,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         if not 1 <= num_new <= forward_length:
             raise RuntimeError(
                 f"DFlash context is misaligned: {num_new} newly committed positions but the last target forward "
-                f"covered {forward_length}. This happens when generate() starts from a pre-filled target cache "
-                "(e.g. `past_key_values=` from an earlier call); call generate() without a reused cache."
+                f"covered {forward_length}. The target forward did not cover the positions transformers' assisted "
+                "loop committed (a custom forward or cache that skips positions?); please report this with the "
+                "target model class."
             )
         features = torch.cat([hidden_states[i + 1][:, :num_new] for i in self.layer_ids], dim=-1)
-        memory = self._memory(n_last_matches, hidden_states) if self.use_retrace else None
+        memory, conditioned = self._memory(int(n_last_matches), hidden_states) if self.use_retrace else (None, 0)
 
         block_len = min(self.block_size, remaining + 1)  # the reference loop's block near the budget
         num_proposals = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
@@ -193,6 +194,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         noise = self.drafter.embed_block(self.input_embeddings, block_ids).to(self.device, self.dtype)
         if memory is not None and memory.valid.shape[1] != block_len:
             memory = _slice_memory(memory, block_len)
+            conditioned = min(conditioned, block_len - 1)
         out = self.drafter(
             noise_embeds=noise,
             context_hidden_states=features.to(self.device, self.dtype),
@@ -215,7 +217,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         capped = num_proposals < self.block_size - 1
         self.memory_source = None if capped or not self.use_retrace else (states, drafts.shape[1])
         self.stats.num_proposals.append(drafts.shape[1])
-        self.stats.conditioned_slots.append(memory.num_conditioned if memory is not None else 0)
+        self.stats.conditioned_slots.append(conditioned)
         self.stats.drafts.append(draft_list)
         if getattr(self.drafter, "record_rounds", False):
             self.stats.rounds.append(
@@ -254,13 +256,16 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return logits.argmax(dim=-1)
 
     def _memory(self, accepted, hidden_states):
-        """Aligns last round's memory to this block: new slot i takes old slot i + a + 1 if it exists."""
+        """Aligns last round's memory to this block: new slot i takes old slot i + a + 1 if it exists.
+
+        Returns (ReTraceMemory or None, number of conditioned slots in a full block).
+        """
         source, self.memory_source = self.memory_source, None
         if source is None:
-            return None
+            return None, 0
         drafter_states, num_old = source
-        if accepted >= num_old:  # everything accepted: no rejected suffix
-            return None
+        if accepted >= num_old - 1:  # everything (or all but the last) accepted: no rejected suffix left
+            return None, 0
         from .modeling_dflash import ReTraceMemory
 
         target_final = hidden_states[self.num_target_layers]  # final-norm states; index j-1 scored old slot j
@@ -270,7 +275,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         index = src.clamp(max=num_old - 1)
         m = drafter_states[:, index]
         u = target_final[:, index.to(target_final.device)].to(self.device, self.dtype)
-        return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None])
+        return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), num_old - 1 - accepted
 
 
 def _memory_to(memory, device):
@@ -292,6 +297,19 @@ _MARKER = "_dflash_retrace_dispatch"
 
 
 def _check_generation_config(generation_config, drafter):
+    other_assistants = {
+        "prompt_lookup_num_tokens": "prompt lookup decoding",
+        "assistant_early_exit": "early-exit self-speculation",
+        "assistant_ensemble_weight": "ensemble verification (not lossless)",
+    }
+    for name, what in other_assistants.items():
+        if getattr(generation_config, name, None) is not None:
+            raise ValueError(
+                f"`{name}` asks for {what}, which cannot be combined with a DFlash drafter. Drop `{name}` "
+                "(or drop `assistant_model` to use that method instead)."
+            )
+    if getattr(generation_config, "use_mtp", False):
+        raise ValueError("`use_mtp=True` (multi-token prediction) cannot be combined with a DFlash drafter: drop one.")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError(
             f"Beam search (num_beams={generation_config.num_beams}) cannot run with a DFlash drafter: speculative "

@@ -434,7 +434,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "with `DFlashDrafter.from_target(target)`."
             )
         num_rows = target.get_input_embeddings().weight.shape[0]
-        if cfg.vocab_size != tc.vocab_size and cfg.vocab_size != num_rows:
+        if cfg.vocab_size != tc.vocab_size:
             raise ValueError(
                 f"Drafter vocab_size={cfg.vocab_size} does not match the target's ({name}) vocab_size={tc.vocab_size}. "
                 "The drafter reuses the target's embedding and LM head, so it needs the same tokenizer and vocabulary."

@@ -205,7 +205,7 @@ def _collate(items, block_size, max_anchors, seed, epoch, hidden_size=None):
             rounds.append((item, chosen))
         else:
             ids, mask = item.input_ids, item.loss_mask
-            anchors.append(sample_anchors(mask, block_size, max_anchors, generator=g))
+            anchors.append(sample_anchors(mask, max_anchors, generator=g))
         input_ids[i, : ids.numel()] = ids
         loss_mask[i, : ids.numel()] = mask
     anchors = pad_anchors(anchors)
@@ -443,7 +443,7 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
     counted = torch.zeros(B)
     losses = []
     for index, ex in enumerate(examples):
-        anchors = sample_anchors(ex.loss_mask, B, max_anchors, generator=_generator(seed, 1 << 20, index))
+        anchors = sample_anchors(ex.loss_mask, max_anchors, generator=_generator(seed, 1 << 20, index))
         if anchors.numel() == 0:
             continue
         loss, stats = dflash_block_loss(drafter, target, ex.input_ids, ex.loss_mask, anchors, gamma=gamma,
@@ -517,7 +517,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
         rollout_tau = sum(lengths) / len(lengths) if lengths else None
         dataset = _RolloutStore(out_dir, range(len(train_examples)))
     else:
-        dataset = [ex for ex in train_examples if sample_anchors(ex.loss_mask, B, 1).numel()]
+        dataset = [ex for ex in train_examples if sample_anchors(ex.loss_mask, 1).numel()]
         if len(dataset) < len(train_examples) and main:
             print(f"[train] skipping {len(train_examples) - len(dataset)} sequences with fewer than {B} "
                   "response tokens")

@@ -28,18 +28,19 @@ def default_gamma(block_size: int) -> float:
     return DEFAULT_GAMMA.get(block_size, 7.0 * block_size / 16)
 
 
-def sample_anchors(loss_mask: torch.Tensor, block_size: int, max_anchors: int, generator=None) -> torch.Tensor:
+def sample_anchors(loss_mask: torch.Tensor, max_anchors: int, generator=None) -> torch.Tensor:
     """Random anchor positions of one sequence, sorted.
 
-    loss_mask (T,) bool: supervised (response) positions. An anchor p needs context (p >= 1), a supervised
-    first label (p + 1) and its whole block inside the sequence (p + block_size - 1 < T).
+    loss_mask (T,) bool: supervised (response) positions. An anchor p is a response token (as at inference,
+    where the anchor is the last committed token) with context before it (p >= 1) and at least one label
+    (p + 1 < T); slots past the end of the sequence get no label (see `block_inputs`), so the last block
+    can still learn to propose an early EOS.
     """
     T = loss_mask.shape[0]
-    last = T - block_size  # largest p with p + K <= T - 1
-    if last < 1:
+    if T < 3:
         return torch.zeros(0, dtype=torch.long)
-    candidates = torch.arange(1, last + 1)
-    candidates = candidates[loss_mask[candidates + 1].cpu()]
+    candidates = torch.arange(1, T - 1)
+    candidates = candidates[loss_mask[candidates].bool().cpu()]
     if candidates.numel() > max_anchors:
         order = torch.randperm(candidates.numel(), generator=generator)[:max_anchors]
         candidates = candidates[order].sort().values
