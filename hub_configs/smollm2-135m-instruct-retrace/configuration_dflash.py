@@ -1,0 +1,174 @@
+"""Configuration of a DFlash (+ReTrace) drafter.
+
+Part of the Hub payload: imports only torch, transformers and sibling modules, so that
+`save_pretrained` can copy it next to the weights and `trust_remote_code` can load it.
+
+Reads two layouts:
+- ours (`model_type: "dflash_retrace"`, every field at the top level), and
+- z-lab's (`model_type: "qwen3"`, `architectures: ["DFlashDraftModel"]`, `block_size` at the top
+  level, `mask_token_id` / `target_layer_ids` nested in `dflash_config`).
+Either way the fields transformers' built-in DFlash path reads (`block_size`, `mask_token_id`,
+`target_layer_ids`) end up at the top level.
+"""
+
+from transformers import PretrainedConfig
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
+    """DFlash's rule: `[L//2]` for one feature, else `round(1 + i*(L-4)/(n-1))` (L=36, n=5 -> [1, 9, 17, 25, 33])."""
+    if num_features < 1:
+        raise ValueError(f"num_features must be >= 1, got {num_features}.")
+    if num_features == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+
+
+class DFlashConfig(PretrainedConfig):
+    r"""
+    Args:
+        block_size (`int`, defaults to 16):
+            Tokens per drafter call: one anchor + `block_size - 1` proposal slots. Must match training.
+        mask_token_id (`int`):
+            Id whose row of the *target's* input embedding fills the proposal slots.
+        target_layer_ids (`list[int]`):
+            Target decoder layers whose outputs (`hidden_states[i + 1]`) form the context features.
+        num_target_layers (`int`):
+            Decoder layers of the target the drafter was built for (checked at generate time).
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        head_dim, rms_norm_eps, rope_theta, max_position_embeddings, attention_bias, hidden_act:
+            Shape of the drafter's Qwen3-style decoder layers; `hidden_size` equals the target's.
+        vocab_size (`int`):
+            The target's vocabulary size (the drafter borrows its embedding and LM head).
+        retrace (`bool`, defaults to `False`):
+            Adds the ReTrace conditioner (`retrace.*` weights), which feeds the previous round's
+            rejected suffix into the next block.
+        retrace_beta (`float`, defaults to 1.0):
+            Scale of the ReTrace correction term at inference.
+        proposal_policy (`str`, defaults to `"argmax"`):
+            How proposals are drawn when the target samples: `"argmax"` (a point-mass proposal, exact
+            under rejection sampling) or `"sample"` (each slot drawn from its own distribution).
+            Greedy decoding always uses argmax.
+        input_embedding_scale (`float`, defaults to 1.0):
+            Multiplies the raw target embedding rows fed to the block (z-lab convention).
+        output_multiplier (`float`, defaults to 1.0), final_logit_softcapping (`float`, optional):
+            Applied to drafter logits after the target's LM head (z-lab convention).
+    """
+
+    model_type = "dflash_retrace"
+
+    def __init__(
+        self,
+        block_size: int | None = None,
+        mask_token_id: int | None = None,
+        target_layer_ids: list | None = None,
+        num_target_layers: int | None = None,
+        hidden_size: int = 4096,
+        intermediate_size: int = 12288,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1_000_000.0,
+        max_position_embeddings: int = 40960,
+        attention_bias: bool = False,
+        attention_dropout: float = 0.0,
+        hidden_act: str = "silu",
+        vocab_size: int = 151936,
+        initializer_range: float = 0.02,
+        retrace: bool = False,
+        retrace_beta: float = 1.0,
+        proposal_policy: str = "argmax",
+        input_embedding_scale: float | None = None,
+        output_multiplier: float | None = None,
+        final_logit_softcapping: float | None = None,
+        dflash_config: dict | None = None,
+        **kwargs,
+    ):
+        # z-lab's layout nests these in `dflash_config`; a top-level value (our layout, or a user's edit) wins.
+        nested = dict(dflash_config or {})
+
+        def pick(value, name, default=None):
+            return value if value is not None else nested.get(name, default)
+
+        mask_token_id = pick(mask_token_id, "mask_token_id")
+        target_layer_ids = pick(target_layer_ids, "target_layer_ids")
+        block_size = pick(block_size, "block_size", 16)
+        input_embedding_scale = pick(input_embedding_scale, "input_embedding_scale", 1.0)
+        output_multiplier = pick(output_multiplier, "output_multiplier", 1.0)
+        final_logit_softcapping = pick(final_logit_softcapping, "final_logit_softcapping")
+
+        # transformers 5 configs carry RoPE in `rope_parameters`; older ones in `rope_theta` / `rope_scaling`.
+        rope_parameters = kwargs.pop("rope_parameters", None) or {}
+        rope_scaling = kwargs.pop("rope_scaling", None) or {}
+        rope_type = rope_parameters.get("rope_type", rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
+        if rope_type != "default":
+            raise ValueError(
+                f"DFlash drafters support the default RoPE only, this config asks for rope_type={rope_type!r}. "
+                "Drop `rope_scaling` / set `rope_parameters={'rope_type': 'default', 'rope_theta': ...}` in config.json."
+            )
+        rope_theta = float(rope_parameters.get("rope_theta", rope_theta))
+
+        layer_types = kwargs.pop("layer_types", None)
+        if layer_types is not None and any(t != "full_attention" for t in layer_types):
+            raise ValueError(
+                f"DFlash drafters use full (bidirectional) attention in every layer; got layer_types={layer_types}. "
+                "Set `use_sliding_window: false` and remove `layer_types` from config.json."
+            )
+        for unused in ("use_sliding_window", "sliding_window", "max_window_layers", "use_cache"):
+            kwargs.pop(unused, None)
+
+        if proposal_policy not in ("argmax", "sample"):
+            raise ValueError(f"proposal_policy must be 'argmax' or 'sample', got {proposal_policy!r}.")
+        if block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one anchor and at least one proposal slot), got {block_size}.")
+
+        self.block_size = int(block_size)
+        self.mask_token_id = mask_token_id
+        self.num_target_layers = num_target_layers
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.attention_dropout = attention_dropout
+        self.hidden_act = hidden_act
+        self.vocab_size = vocab_size
+        self.initializer_range = initializer_range
+        self.retrace = bool(retrace)
+        self.retrace_beta = float(retrace_beta)
+        self.proposal_policy = proposal_policy
+        self.input_embedding_scale = float(input_embedding_scale)
+        self.output_multiplier = float(output_multiplier)
+        self.final_logit_softcapping = final_logit_softcapping
+        if target_layer_ids is None and num_target_layers is not None:
+            target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
+        self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
+        super().__init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        # Written from the live values so a z-lab reader of our config.json finds what it expects.
+        out["dflash_config"] = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        return out
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("dflash_config") is not None and config_dict.get("model_type") != cls.model_type:
+            config_dict = {**config_dict, "model_type": cls.model_type}  # z-lab layout: read as ours
+        return config_dict, kwargs
+
+    @property
+    def num_proposals(self) -> int:
+        """K = block_size - 1 proposal slots per drafter call."""
+        return self.block_size - 1
+
+
+__all__ = ["DFlashConfig", "default_target_layer_ids"]

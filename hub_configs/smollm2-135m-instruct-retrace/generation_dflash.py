@@ -1,0 +1,422 @@
+"""Candidate generator for DFlash (+ReTrace) drafters, and the `generate(assistant_model=drafter)` dispatch.
+
+Part of the Hub payload: imports only torch, transformers and sibling modules.
+
+transformers' `_assisted_decoding` owns verification (greedy match or speculative sampling) and cache
+cropping; this generator only proposes. Per round, with the anchor (last committed token) at position p:
+1. context: target features of the positions the last verification forward committed (the whole
+   prompt after prefill); the drafter cache keeps keys/values of committed positions only;
+2. one drafter forward on `[anchor, MASK x K]` at positions p..p+K gives K proposals, capped to the
+   remaining budget and cut after the first EOS;
+3. the logits the proposals were drawn from (after logits processors) go back for exact sampling;
+4. ReTrace: the drafter states m and the target's verification states u of the rejected suffix are
+   shifted by a + 1 (a accepted) into the next block's slots.
+"""
+
+import contextlib
+import inspect
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.utils import GenerationMixin
+
+SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
+
+
+def _version_tuple(version: str) -> tuple:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def check_transformers_version(version: str = transformers.__version__) -> None:
+    """Raises below the floor, warns above the tested range."""
+    floor, ceiling = (_version_tuple(v) for v in SUPPORTED_TRANSFORMERS)
+    current = _version_tuple(version)
+    if current < floor:
+        raise ImportError(
+            f"dflash-retrace needs transformers >= {SUPPORTED_TRANSFORMERS[0]} (found {version}): it plugs into the "
+            f"candidate-generator protocol of that release. Run: pip install 'transformers>={SUPPORTED_TRANSFORMERS[0]},"
+            f"<{SUPPORTED_TRANSFORMERS[1]}'"
+        )
+    if current >= ceiling:
+        warnings.warn(
+            f"dflash-retrace was tested with transformers < {SUPPORTED_TRANSFORMERS[1]}; found {version}. "
+            "Greedy output is still checked by transformers' own verification, but report problems.",
+            stacklevel=2,
+        )
+
+
+check_transformers_version()
+# Index lists for `output_hidden_states` (only the layers asked for are kept) exist from 5.23.
+_HIDDEN_STATE_INDEX_LISTS = _version_tuple(transformers.__version__) >= (5, 23, 0)
+
+
+@dataclass
+class DFlashStats:
+    """What happened in the last `generate` call, one entry per round (a verification forward with proposals).
+
+    acceptance_lengths: tokens committed by the round, bonus included, after EOS/budget cropping (1..B).
+    num_proposals: proposals verified in the round (K, or fewer when capped by budget or EOS).
+    conditioned_slots: block slots that received ReTrace memory (0 for plain DFlash).
+    drafts: the proposed token ids.
+    """
+
+    block_size: int = 0
+    acceptance_lengths: list = field(default_factory=list)
+    num_proposals: list = field(default_factory=list)
+    conditioned_slots: list = field(default_factory=list)
+    drafts: list = field(default_factory=list)
+    prefill_tokens: int = 0
+    # Filled only when `drafter.record_rounds` is True (ReTrace training rollouts): per round, the
+    # anchor position, block length and the ReTraceMemory that entered the drafter (on CPU), or None.
+    rounds: list = field(default_factory=list)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.acceptance_lengths)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """τ: mean tokens per verification forward with proposals (bonus included); nan with no rounds."""
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else float("nan")
+
+    def __repr__(self) -> str:
+        return (
+            f"DFlashStats(rounds={self.num_rounds}, tau={self.mean_acceptance_length:.3f}, "
+            f"acceptance_lengths={self.acceptance_lengths})"
+        )
+
+
+def _unwrap(model):
+    """The DFlash drafter inside `model` (itself, or the base model of a PeftModel), else None."""
+    if model is None:
+        return None
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return base if getattr(base, "_is_dflash_drafter", False) else None
+
+
+class DFlashCandidateGenerator(CandidateGenerator):
+    """transformers candidate generator (`requires_model_outputs` protocol) for DFlash drafters."""
+
+    requires_model_outputs = True
+
+    def __init__(self, drafter, target, generation_config, logits_processor=None, model_kwargs=None):
+        self.drafter = _unwrap(drafter)
+        if self.drafter is None:
+            raise TypeError(f"{type(drafter).__name__} is not a DFlash drafter.")
+        self.drafter.check_target(target)
+        config = self.drafter.config
+        self.block_size = config.block_size
+        self.mask_token_id = config.mask_token_id
+        self.layer_ids = list(config.target_layer_ids)
+        self.num_target_layers = target.config.get_text_config().num_hidden_layers
+        self.use_retrace = self.drafter.retrace is not None
+        self.input_embeddings = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        if self.lm_head is None:
+            raise ValueError(f"{type(target).__name__} has no output embeddings (LM head); DFlash drafts through it.")
+        self.max_length = generation_config.max_length
+        model_kwargs = model_kwargs or {}
+        target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))  # key renamed in 5.24
+        if target_cache is not None and target_cache.get_seq_length() > 0:
+            # transformers' assisted loop re-feeds the whole prompt on top of a pre-filled cache (5.10-5.24),
+            # which silently corrupts the output with any assistant.
+            raise RuntimeError(
+                f"generate() was given a pre-filled target cache ({target_cache.get_seq_length()} positions): "
+                "transformers' assisted decoding re-feeds the prompt on top of it and the output would be wrong. "
+                "Call generate() without `cache=`/`past_key_values=` when using a DFlash drafter."
+            )
+        self.do_sample = bool(generation_config.do_sample)
+        self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
+        self.proposal_policy = config.proposal_policy if self.do_sample else "argmax"
+        eos = getattr(generation_config, "_eos_token_tensor", None)
+        self.eos_ids = set(eos.view(-1).tolist()) if eos is not None else set()
+
+        wanted = [i + 1 for i in self.layer_ids] + ([self.num_target_layers] if self.use_retrace else [])
+        user_wants_all = bool(generation_config.output_hidden_states)
+        self.model_kwargs_overrides = {
+            "output_hidden_states": sorted(set(wanted)) if _HIDDEN_STATE_INDEX_LISTS and not user_wants_all else True
+        }
+
+        param = next(self.drafter.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        from .modeling_dflash import DFlashContextCache  # sibling; imported here to avoid an import cycle
+
+        self.cache = DFlashContextCache()
+        self.context_length = 0  # positions whose features are in the drafter cache (= committed - 1)
+        self.round_open = False
+        self.memory_source = None  # (m (1, K', H), K') of the last round, when it may feed the next one
+        self.stats = DFlashStats(block_size=self.block_size)
+        self.drafter.last_stats = self.stats
+
+    # -------------------------------------------------------------------------------- protocol
+    @torch.no_grad()
+    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
+                       n_last_matches=0, **kwargs):
+        if is_first_iteration:  # the target prefills alone and gives the prompt's features
+            self.stats.prefill_tokens = input_ids.shape[1]
+            return input_ids, None
+        seq_len = input_ids.shape[1]
+        remaining = self.max_length - seq_len  # tokens still allowed, the next bonus included
+        if remaining <= 1:  # no room for a proposal: the target takes one plain step
+            self.memory_source = None
+            return input_ids, None
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise RuntimeError(
+                "The target forward returned no hidden states, so DFlash has no context features. The target's "
+                "forward must honour `output_hidden_states` (all transformers causal LMs do)."
+            )
+        hidden_states = model_outputs.hidden_states
+        num_new = seq_len - 1 - self.context_length  # committed positions not yet in the drafter cache
+        forward_length = hidden_states[self.layer_ids[0] + 1].shape[1]
+        if not 1 <= num_new <= forward_length:
+            raise RuntimeError(
+                f"DFlash context is misaligned: {num_new} newly committed positions but the last target forward "
+                f"covered {forward_length}. The target forward did not cover the positions transformers' assisted "
+                "loop committed (a custom forward or cache that skips positions?); please report this with the "
+                "target model class."
+            )
+        features = torch.cat([hidden_states[i + 1][:, :num_new] for i in self.layer_ids], dim=-1)
+        memory, conditioned = self._memory(int(n_last_matches), hidden_states) if self.use_retrace else (None, 0)
+
+        block_len = min(self.block_size, remaining + 1)  # the reference loop's block near the budget
+        num_proposals = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
+        block_ids = torch.full((1, block_len), self.mask_token_id, dtype=torch.long, device=input_ids.device)
+        block_ids[:, 0] = input_ids[0, -1]
+        positions = torch.arange(self.context_length, seq_len - 1 + block_len, device=self.device)[None]
+        noise = self.drafter.embed_block(self.input_embeddings, block_ids).to(self.device, self.dtype)
+        if memory is not None and memory.valid.shape[1] != block_len:
+            memory = _slice_memory(memory, block_len)
+            conditioned = min(conditioned, block_len - 1)
+        out = self.drafter(
+            noise_embeds=noise,
+            context_hidden_states=features.to(self.device, self.dtype),
+            position_ids=positions,
+            cache=self.cache,
+            retrace_memory=memory,
+        )
+        self.context_length = seq_len - 1
+        self.cache.crop(self.context_length)  # the block's keys/values never stay
+
+        states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
+        logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
+        drafts, logits = self._propose(input_ids, logits)
+        draft_list = drafts[0].tolist()  # the one host sync of a round (EOS cut, statistics)
+        if self.eos_ids:
+            cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), len(draft_list))
+            # nothing after an EOS can be committed
+            draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
+
+        capped = num_proposals < self.block_size - 1
+        self.memory_source = None if capped or not self.use_retrace else (states, drafts.shape[1])
+        self.stats.num_proposals.append(drafts.shape[1])
+        self.stats.conditioned_slots.append(conditioned)
+        self.stats.drafts.append(draft_list)
+        if getattr(self.drafter, "record_rounds", False):
+            self.stats.rounds.append(
+                {"anchor_position": seq_len - 1, "block_length": block_len,
+                 "memory": None if memory is None else _memory_to(memory, "cpu")}
+            )
+        self.round_open = True
+        return torch.cat([input_ids, drafts], dim=-1), logits
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        if self.round_open:
+            self.stats.acceptance_lengths.append(int(num_matches) + 1)
+            self.round_open = False
+
+    # ---------------------------------------------------------------------------------- pieces
+    def _propose(self, input_ids, logits):
+        """Proposals and the distribution q they were drawn from, after the same processors the target uses."""
+        if self.logits_processor is not None:
+            prefix = input_ids
+            for k in range(logits.shape[1]):  # processors see the prefix each slot would extend
+                logits[:, k] = self.logits_processor(prefix, logits[:, k])
+                prefix = torch.cat([prefix, self._draw(logits[:, k : k + 1])], dim=-1)
+            drafts = prefix[:, input_ids.shape[1] :]
+        else:
+            drafts = self._draw(logits)
+        if self.do_sample and self.proposal_policy == "argmax":
+            # q is a point mass on the argmax: rejection sampling accepts it with p(x) and otherwise
+            # resamples from p without x, so the output still follows p exactly.
+            logits = torch.full_like(logits, float("-inf")).scatter_(-1, drafts[..., None], 0.0)
+        return drafts, logits
+
+    def _draw(self, logits):
+        if self.proposal_policy == "sample":
+            probs = torch.softmax(logits, dim=-1)  # (1, k, V)
+            return torch.multinomial(probs[0], num_samples=1).T
+        return logits.argmax(dim=-1)
+
+    def _memory(self, accepted, hidden_states):
+        """Aligns last round's memory to this block: new slot i takes old slot i + a + 1 if it exists.
+
+        Returns (ReTraceMemory or None, number of conditioned slots in a full block).
+        """
+        source, self.memory_source = self.memory_source, None
+        if source is None:
+            return None, 0
+        drafter_states, num_old = source
+        if accepted >= num_old - 1:  # everything (or all but the last) accepted: no rejected suffix left
+            return None, 0
+        from .modeling_dflash import ReTraceMemory
+
+        target_final = hidden_states[self.num_target_layers]  # final-norm states; index j-1 scored old slot j
+        slots = torch.arange(self.block_size, device=self.device)
+        src = slots + accepted  # old slot index (0-based) feeding new slot i: (i + a + 1) - 1
+        valid = (slots >= 1) & (src <= num_old - 1)
+        index = src.clamp(max=num_old - 1)
+        m = drafter_states[:, index]
+        u = target_final[:, index.to(target_final.device)].to(self.device, self.dtype)
+        return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), num_old - 1 - accepted
+
+
+def _memory_to(memory, device):
+    from .modeling_dflash import ReTraceMemory
+
+    return ReTraceMemory(*(t.detach().to(device) for t in (memory.drafter_states, memory.target_states, memory.valid)))
+
+
+def _slice_memory(memory, length):
+    from .modeling_dflash import ReTraceMemory
+
+    return ReTraceMemory(
+        memory.drafter_states[:, :length], memory.target_states[:, :length], memory.valid[:, :length]
+    )
+
+
+# ------------------------------------------------------------------------------- dispatch
+_MARKER = "_dflash_retrace_dispatch"
+
+
+def _check_generation_config(generation_config, drafter):
+    other_assistants = {
+        "prompt_lookup_num_tokens": "prompt lookup decoding",
+        "assistant_early_exit": "early-exit self-speculation",
+        "assistant_ensemble_weight": "ensemble verification (not lossless)",
+    }
+    for name, what in other_assistants.items():
+        if getattr(generation_config, name, None) is not None:
+            raise ValueError(
+                f"`{name}` asks for {what}, which cannot be combined with a DFlash drafter. Drop `{name}` "
+                "(or drop `assistant_model` to use that method instead)."
+            )
+    if getattr(generation_config, "use_mtp", False):
+        raise ValueError("`use_mtp=True` (multi-token prediction) cannot be combined with a DFlash drafter: drop one.")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError(
+            f"Beam search (num_beams={generation_config.num_beams}) cannot run with a DFlash drafter: speculative "
+            "decoding verifies a single sequence. Use num_beams=1 (greedy or sampling), or drop `assistant_model`."
+        )
+    if (generation_config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            f"num_return_sequences={generation_config.num_return_sequences} is not supported with a DFlash drafter "
+            "(speculative decoding runs one sequence). Use num_return_sequences=1 and call generate() once per sample."
+        )
+
+
+def install_dispatch() -> None:
+    """Makes `generate(assistant_model=<DFlash drafter>)` use the drafter's own candidate generator.
+
+    Idempotent across repeated imports (the library and any number of remote-code copies): the first
+    install wraps transformers' methods once; each drafter then builds the generator its own code
+    ships (`drafter.make_candidate_generator`). Every other assistant takes transformers' normal path.
+    """
+    current = GenerationMixin._get_candidate_generator
+    if getattr(current, _MARKER, False):
+        return
+    original = current
+    signature = inspect.signature(original)
+
+    def _get_candidate_generator(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        drafter = _unwrap(assistant)
+        config = bound.arguments["generation_config"]
+        if drafter is not None and _get_candidate_generator.enabled:
+            if getattr(config, "speculation_type", None) == "dflash":
+                if drafter.retrace is not None:
+                    warnings.warn(
+                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "
+                        "ReTrace memory: this ReTrace drafter runs as plain DFlash. Drop speculation_type to use ReTrace.",
+                        stacklevel=4,
+                    )
+                return original(self, *args, **kwargs)
+            input_ids = bound.arguments["input_ids"]
+            if input_ids.shape[0] != 1:
+                raise ValueError(
+                    f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
+                    "Call generate() once per prompt, without padding."
+                )
+            _check_generation_config(config, drafter)
+            return drafter.make_candidate_generator(self, config, bound.arguments["logits_processor"],
+                                                    bound.arguments["model_kwargs"])
+        return original(self, *args, **kwargs)
+
+    _get_candidate_generator.enabled = True
+    _get_candidate_generator.original = original
+    setattr(_get_candidate_generator, _MARKER, True)
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+
+    # Runs before transformers' own checks: beam search with an assistant would otherwise run silently
+    # without it (a log warning only), and a vocabulary mismatch would get a message about tokenizers.
+    original_validate = GenerationMixin._validate_generation_mode
+    validate_signature = inspect.signature(original_validate)
+
+    def _validate_generation_mode(self, *args, **kwargs):
+        bound = validate_signature.bind(self, *args, **kwargs)
+        drafter = _unwrap((bound.arguments.get("generation_mode_kwargs") or {}).get("assistant_model"))
+        if drafter is not None and _get_candidate_generator.enabled:
+            _check_generation_config(bound.arguments["generation_config"], drafter)
+            drafter.check_target(self)
+        return original_validate(self, *args, **kwargs)
+
+    _validate_generation_mode.original = original_validate
+    setattr(_validate_generation_mode, _MARKER, True)
+    GenerationMixin._validate_generation_mode = _validate_generation_mode
+
+
+def uninstall_dispatch() -> None:
+    """Restores transformers' own methods: DFlash drafters then only run via `speculation_type="dflash"`."""
+    for owner, name in ((GenerationMixin, "_get_candidate_generator"), (GenerationMixin, "_validate_generation_mode")):
+        current = getattr(owner, name)
+        if getattr(current, _MARKER, False):
+            setattr(owner, name, current.original)
+
+
+def dispatch_enabled() -> bool:
+    current = GenerationMixin._get_candidate_generator
+    return bool(getattr(current, _MARKER, False) and current.enabled)
+
+
+@contextlib.contextmanager
+def no_dispatch():
+    """Within this block `generate(assistant_model=drafter)` takes transformers' normal path (opt-out)."""
+    current = GenerationMixin._get_candidate_generator
+    installed = getattr(current, _MARKER, False)
+    previous = current.enabled if installed else None
+    if installed:
+        current.enabled = False
+    try:
+        yield
+    finally:
+        if installed:
+            current.enabled = previous
+
+
+__all__ = [
+    "DFlashCandidateGenerator",
+    "DFlashStats",
+    "install_dispatch",
+    "uninstall_dispatch",
+    "no_dispatch",
+    "dispatch_enabled",
+    "check_transformers_version",
+]
