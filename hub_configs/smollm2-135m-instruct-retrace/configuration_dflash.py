@@ -165,10 +165,5 @@ class DFlashConfig(PretrainedConfig):
             config_dict = {**config_dict, "model_type": cls.model_type}  # z-lab layout: read as ours
         return config_dict, kwargs
 
-    @property
-    def num_proposals(self) -> int:
-        """K = block_size - 1 proposal slots per drafter call."""
-        return self.block_size - 1
-
 
 __all__ = ["DFlashConfig", "default_target_layer_ids"]

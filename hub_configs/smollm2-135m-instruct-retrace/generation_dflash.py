@@ -72,7 +72,6 @@ class DFlashStats:
     num_proposals: list = field(default_factory=list)
     conditioned_slots: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
-    prefill_tokens: int = 0
     # Filled only when `drafter.record_rounds` is True (ReTrace training rollouts): per round, the
     # anchor position, block length and the ReTraceMemory that entered the drafter (on CPU), or None.
     rounds: list = field(default_factory=list)
@@ -161,7 +160,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
                        n_last_matches=0, **kwargs):
         if is_first_iteration:  # the target prefills alone and gives the prompt's features
-            self.stats.prefill_tokens = input_ids.shape[1]
             return input_ids, None
         seq_len = input_ids.shape[1]
         remaining = self.max_length - seq_len  # tokens still allowed, the next bonus included
