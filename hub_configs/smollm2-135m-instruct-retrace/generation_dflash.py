@@ -182,17 +182,15 @@ class DFlashCandidateGenerator(CandidateGenerator):
                 "target model class."
             )
         features = torch.cat([hidden_states[i + 1][:, :num_new] for i in self.layer_ids], dim=-1)
-        memory, conditioned = self._memory(int(n_last_matches), hidden_states) if self.use_retrace else (None, 0)
-
         block_len = min(self.block_size, remaining + 1)  # the reference loop's block near the budget
         num_proposals = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
+        memory, conditioned = (
+            self._memory(int(n_last_matches), hidden_states, block_len) if self.use_retrace else (None, 0)
+        )
         block_ids = torch.full((1, block_len), self.mask_token_id, dtype=torch.long, device=input_ids.device)
         block_ids[:, 0] = input_ids[0, -1]
         positions = torch.arange(self.context_length, seq_len - 1 + block_len, device=self.device)[None]
         noise = self.drafter.embed_block(self.input_embeddings, block_ids).to(self.device, self.dtype)
-        if memory is not None and memory.valid.shape[1] != block_len:
-            memory = _slice_memory(memory, block_len)
-            conditioned = min(conditioned, block_len - 1)
         out = self.drafter(
             noise_embeds=noise,
             context_hidden_states=features.to(self.device, self.dtype),
@@ -253,11 +251,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
             return torch.multinomial(probs[0], num_samples=1).T
         return logits.argmax(dim=-1)
 
-    def _memory(self, accepted, hidden_states):
+    def _memory(self, accepted, hidden_states, block_len=None):
         """Aligns last round's memory to this block: new slot i takes old slot i + a + 1 if it exists.
 
-        Returns (ReTraceMemory or None, number of conditioned slots in a full block).
+        Returns (ReTraceMemory over `block_len` slots (default: block_size) or None, conditioned slots).
         """
+        block_len = block_len or self.block_size
         source, self.memory_source = self.memory_source, None
         if source is None:
             return None, 0
@@ -267,27 +266,20 @@ class DFlashCandidateGenerator(CandidateGenerator):
         from .modeling_dflash import ReTraceMemory
 
         target_final = hidden_states[self.num_target_layers]  # final-norm states; index j-1 scored old slot j
-        slots = torch.arange(self.block_size, device=self.device)
+        slots = torch.arange(block_len, device=self.device)
         src = slots + accepted  # old slot index (0-based) feeding new slot i: (i + a + 1) - 1
         valid = (slots >= 1) & (src <= num_old - 1)
         index = src.clamp(max=num_old - 1)
         m = drafter_states[:, index]
         u = target_final[:, index.to(target_final.device)].to(self.device, self.dtype)
-        return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), num_old - 1 - accepted
+        conditioned = min(num_old - 1 - accepted, block_len - 1)
+        return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), conditioned
 
 
 def _memory_to(memory, device):
     from .modeling_dflash import ReTraceMemory
 
     return ReTraceMemory(*(t.detach().to(device) for t in (memory.drafter_states, memory.target_states, memory.valid)))
-
-
-def _slice_memory(memory, length):
-    from .modeling_dflash import ReTraceMemory
-
-    return ReTraceMemory(
-        memory.drafter_states[:, :length], memory.target_states[:, :length], memory.valid[:, :length]
-    )
 
 
 # ------------------------------------------------------------------------------- dispatch
