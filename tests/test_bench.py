@@ -200,6 +200,40 @@ def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     assert "τ pooled" in text and "speculative" in text and "ERRORS" not in text
 
 
+def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, tmp_path, capsys):
+    """--compare and --no-memory-ablation: more speculative methods against the same plain run. The ReTrace
+    drafter's backbone is the compared DFlash drafter, so with its memory off it must draft exactly as that one."""
+    retrace = DFlashDrafter.from_pretrained(tiny_assets / "drafter").add_retrace()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        for param in retrace.retrace.parameters():
+            param.normal_(0, 0.5)  # a memory that changes the drafts
+    retrace.save_pretrained(tmp_path / "retrace")
+    out = tmp_path / "r.json"
+    code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", str(tmp_path / "retrace"),
+                     "--compare", f"dflash={tiny_assets / 'drafter'}", "--no-memory-ablation",
+                     "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu",
+                     "--output", str(out), "--save-outputs", "--no-progress"])
+    text = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out.read_text())
+    names = ["plain", "speculative", "speculative:dflash", "speculative:no_memory"]
+    _check_schema(report, names)
+    _check_token_counts(report, 16)  # every method lossless against the one plain run
+    methods = report["summary"]["methods"]
+    for row in report["prompts"]:
+        assert row["methods"]["speculative:no_memory"]["acceptance_lengths"] == \
+            row["methods"]["speculative:dflash"]["acceptance_lengths"]
+    assert any(r["methods"]["speculative"]["acceptance_lengths"] != r["methods"]["speculative:dflash"]["acceptance_lengths"]
+               for r in report["prompts"]), "the memory should change some round"
+    ratio = report["summary"]["tau_ratios"]["speculative/speculative:dflash"]
+    assert ratio == pytest.approx(methods["speculative"]["tau_pooled"] / methods["speculative:dflash"]["tau_pooled"])
+    assert "τ ratio speculative/speculative:dflash" in text and "speculative:no_memory" in text
+    with pytest.raises(ValueError, match="has none"):
+        run_benchmark(str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
+                      max_samples=1, max_new_tokens=4, device="cpu", output=None, progress=False, no_memory=True)
+
+
 def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, monkeypatch):
     """CLI path; `untrained` prints its note; an error on one prompt is reported, not fatal (exit code 1)."""
     import dflash_retrace.bench as bench
@@ -207,11 +241,11 @@ def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, mon
     original = bench._Methods.speculative
     calls = {"n": 0}
 
-    def flaky(self, input_ids, max_new_tokens):
+    def flaky(self, input_ids, max_new_tokens, drafter=None):
         calls["n"] += 1
         if calls["n"] == 3:  # warm-up is call 1: fail on the second timed prompt
             raise RuntimeError("injected failure")
-        return original(self, input_ids, max_new_tokens)
+        return original(self, input_ids, max_new_tokens, drafter)
 
     monkeypatch.setattr(bench._Methods, "speculative", flaky)
     out = tmp_path / "r.json"

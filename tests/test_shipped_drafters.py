@@ -20,10 +20,10 @@ PROMPTS = [
     "Explain what a hash table is in two sentences.",
 ]
 NEW_TOKENS = 32
-# Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy: 1.02 for both shipped drafters (88
-# rounds; benchmarks: 1.03-1.10, see the model cards). They are under-trained, so this floor only checks that
-# some drafts are accepted (τ > 1 strictly); raise it well clear of 1 once better-trained weights ship.
-TAU_FLOOR = 1.0
+# Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 2 CPU threads: 1.25 for the ReTrace
+# drafter (72 rounds) and 1.23 for the DFlash drafter (73 rounds) (benchmarks: see the model cards). The floor
+# sits below both with margin: drafting must really accept tokens, not just stay above the τ = 1 of no drafting.
+TAU_FLOOR = 1.15
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,10 @@ from dflash_retrace.training_core import (
     block_hidden_states,
     dflash_block_loss,
     flex_block_mask,
+    block_inputs,
     pad_anchors,
+    target_features,
+    vocab_rows,
 )
 from tiny import continuations, prompts, tiny_target
 
@@ -136,20 +139,98 @@ def test_flex_block_mask_equals_dense_mask():
     assert torch.equal(dense, block_attention_mask(T, anchors, B))
 
 
-def test_chunked_lm_head_gives_the_same_loss_and_gradients(target, rows):
+def _assert_same_loss_stats_and_grads(target, rows, options):
+    """dflash_block_loss under each dict of keyword options: identical loss, accuracy stats and fc gradient."""
     torch.manual_seed(2)
     drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=BLOCK)
     ids, mask = torch.tensor(rows[0]["input_ids"]), torch.tensor(rows[0]["loss_mask"]).bool()
     anchors = torch.tensor([5, 12, 20, 30])
     results = []
-    for chunk in (4096, 5):
+    for kwargs in options:
         drafter.zero_grad()
-        loss, stats = dflash_block_loss(drafter, target, ids, mask, anchors, logits_chunk=chunk)
+        loss, stats = dflash_block_loss(drafter, target, ids, mask, anchors, **kwargs)
         loss.backward()
         results.append((loss.detach(), stats["correct"], drafter.fc.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])
     torch.testing.assert_close(results[0][2], results[1][2])
+    return drafter, ids, mask, anchors
+
+
+def test_chunked_lm_head_gives_the_same_loss_and_gradients(target, rows):
+    _assert_same_loss_stats_and_grads(target, rows, [{"logits_chunk": 4096}, {"logits_chunk": 5}])
+
+
+def test_data_vocabulary_loss_is_the_softmax_over_those_rows(target, rows):
+    """loss_vocab="data": the same CE as a softmax restricted by hand; all rows = the full loss and gradients."""
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    drafter, ids, mask, anchors = _assert_same_loss_stats_and_grads(
+        target, rows, [{"vocab": None}, {"vocab": torch.arange(vocab_size)}])
+
+    vocab = vocab_rows([torch.tensor(r["input_ids"]) for r in rows])
+    assert 0 < vocab.numel() < vocab_size and torch.equal(vocab, vocab.sort().values)
+    with torch.no_grad():
+        loss, stats = dflash_block_loss(drafter, target, ids, mask, anchors, vocab=vocab)
+        hidden, labels, valid = block_hidden_states(drafter, target, ids, mask, anchors)
+        logits = drafter.compute_logits(hidden[valid], target.get_output_embeddings())[:, vocab]
+        position = {int(t): i for i, t in enumerate(vocab)}
+        ce = torch.nn.functional.cross_entropy(logits, torch.tensor([position[int(t)] for t in labels[valid]]),
+                                               reduction="none")
+        slot = torch.arange(BLOCK).repeat(anchors.numel())[None].expand_as(valid)[valid]
+        w = torch.exp(-(slot.float() - 1) / 4.0)
+    torch.testing.assert_close(loss, (ce * w).sum() / w.sum())
+    assert stats["correct"].sum() == (vocab[logits.argmax(-1)] == labels[valid]).sum()
+    with pytest.raises(ValueError, match="outside the loss vocabulary"):
+        dflash_block_loss(drafter, target, ids, mask, anchors, vocab=vocab[vocab != labels[valid][0]])
+
+
+def test_target_labels_are_the_targets_own_next_tokens(target, rows):
+    """labels="target": on the target's greedy output they are the tokens themselves (same loss); on other text
+    each is the target's argmax after the true prefix, and the anchors stay the sequence's own tokens."""
+    torch.manual_seed(2)
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=BLOCK)
+    layers = drafter.config.target_layer_ids
+    ids, mask = torch.tensor(rows[0]["input_ids"]), torch.tensor(rows[0]["loss_mask"]).bool()
+    anchors = torch.tensor([5, 12, 20, 30])
+    features, labels = target_features(target, ids[None], layers, with_labels=True)
+    assert torch.equal(labels[0][mask], ids[mask])  # greedy continuation: argmax of each prefix = next token
+    with torch.no_grad():
+        a, _ = dflash_block_loss(drafter, target, ids, mask, anchors, features=features)
+        b, _ = dflash_block_loss(drafter, target, ids, mask, anchors, features=features, label_ids=labels[0])
+    torch.testing.assert_close(a, b)
+
+    g = torch.Generator().manual_seed(0)
+    other = ids.clone()
+    other[mask] = torch.randint(3, target.config.vocab_size, (int(mask.sum()),), generator=g)  # not the target's
+    _, labels = target_features(target, other[None], layers, with_labels=True)
+    logits = target(other[None]).logits[0]
+    assert torch.equal(labels[0, 1:], logits[:-1].argmax(-1)) and not torch.equal(labels[0][mask], other[mask])
+    block_ids, positions, got, valid = block_inputs(other, mask, anchors, BLOCK, 0, label_ids=labels[0])
+    assert torch.equal(got, labels[0][positions.clamp_max(other.numel() - 1)])
+    assert torch.equal(block_ids[::BLOCK], other[anchors])  # the anchor is the token itself, never a label
+
+
+def test_block_size_override_retargets_an_init_drafter(target, rows, tmp_path):
+    torch.manual_seed(0)
+    DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=BLOCK).save_pretrained(tmp_path / "init")
+    out = train_drafter(target, None, rows, tmp_path / "run", quick(init=str(tmp_path / "init"), block_size=4,
+                                                                      max_steps=2, loss_vocab="data"))
+    assert out.config.block_size == 4 and out.train_summary["block_size"] == 4
+    eos = target.generation_config.eos_token_id
+    expected = vocab_rows([torch.tensor(r["input_ids"]) for r in rows], [] if eos is None else [eos])
+    assert out.train_summary["loss_vocab_size"] == expected.numel()
+    assert DFlashDrafter.from_pretrained(tmp_path / "run").config.block_size == 4
+    # The ReTrace stage trains on its rolled-out continuations: its loss vocabulary comes from those.
+    tl = train_drafter(target, None, rows, tmp_path / "tl", quick(init=str(tmp_path / "run"), block_size=None,
+                                                                  max_steps=2, loss_vocab="data", labels="target"))
+    assert tl.train_summary["steps"] == 2
+    with pytest.raises(ValueError, match="labels"):
+        quick(labels="teacher").resolved()
+    rt_config = quick(stage="retrace", init=str(tmp_path / "run"), block_size=None, max_steps=2, loss_vocab="data")
+    rt = train_drafter(target, None, rows, tmp_path / "rt", rt_config)
+    assert rt.config.block_size == 4 and rt.train_summary["loss_vocab_size"] > 0
+    with pytest.raises(ValueError, match="loss_vocab"):
+        quick(loss_vocab="some").resolved()
 
 
 # ------------------------------------------------------------------------------------ trainer

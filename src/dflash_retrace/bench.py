@@ -249,7 +249,8 @@ def _budget_rounds(produced: list, max_new_tokens: int, block_size: int) -> tupl
 class _Methods:
     """The generate calls being compared; each returns a Generation for one turn's input ids."""
 
-    def __init__(self, target, drafter, max_new_tokens: int, temperature: float, baselines: bool):
+    def __init__(self, target, drafter, max_new_tokens: int, temperature: float, baselines: bool,
+                 compare: dict | None = None):
         self.target, self.drafter = target, drafter
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -262,6 +263,11 @@ class _Methods:
         if temperature > 0:  # plain temperature sampling, as the reference loop (top_p=1, top_k=0)
             self.kwargs.update(temperature=temperature, top_p=1.0, top_k=0)
         self.available = {PLAIN: self.plain, SPECULATIVE: self.speculative}
+        self.block_sizes = {SPECULATIVE: self.block_size}
+        for label, other in (compare or {}).items():  # more drafters, each against the same plain run
+            name = f"{SPECULATIVE}:{label}"
+            self.available[name] = lambda ids, n, other=other: self.speculative(ids, n, other)
+            self.block_sizes[name] = other.config.block_size
         self.skipped = {}
         self.reference = None
         if baselines:
@@ -273,6 +279,7 @@ class _Methods:
                 self.reference = build_reference_drafter(drafter)
                 self.available[REFERENCE] = self.zlab_reference
             self.available[BUILTIN] = self.transformers_builtin
+            self.block_sizes[REFERENCE] = self.block_sizes[BUILTIN] = self.block_size
 
     def _generate(self, input_ids, max_new_tokens, **extra):
         out = self.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
@@ -285,10 +292,11 @@ class _Methods:
     def plain(self, input_ids, max_new_tokens):
         return Generation(self._generate(input_ids, max_new_tokens))
 
-    def speculative(self, input_ids, max_new_tokens):
-        self.drafter.last_stats = None
-        new_ids = self._generate(input_ids, max_new_tokens, assistant_model=self.drafter)
-        stats = self.drafter.last_stats
+    def speculative(self, input_ids, max_new_tokens, drafter=None):
+        drafter = self.drafter if drafter is None else drafter
+        drafter.last_stats = None
+        new_ids = self._generate(input_ids, max_new_tokens, assistant_model=drafter)
+        stats = drafter.last_stats
         if stats is None:  # never report a plain run as speculative
             raise RuntimeError("generate(assistant_model=drafter) did not run the DFlash candidate generator "
                                "(drafter.last_stats was not set): is the dispatch disabled (no_dispatch)?")
@@ -472,7 +480,7 @@ def _ratio(a: float, b: float):
     return a / b if b > 0 else None
 
 
-def _summary(prompt_rows: list, all_rows: list, names: list, block_size: int) -> dict:
+def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) -> dict:
     """Aggregates per method over the prompts it completed; comparisons over the prompts both completed."""
     done = lambda p, name: not p["methods"][name]["error"]  # noqa: E731
     methods = {}
@@ -493,7 +501,7 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_size: int) ->
             check = agreement([all_rows[i][PLAIN].new_ids for i in both], [all_rows[i][name].new_ids for i in both])
             summary["agreement"] = {k: check[k] for k in ("num_prompts", "exact_rate", "prefix_rate")}
             summary.update(summarize_rounds([p["methods"][name]["acceptance_lengths"] for p in ok],
-                                            [p["methods"][name]["num_proposals"] for p in ok], block_size))
+                                            [p["methods"][name]["num_proposals"] for p in ok], block_sizes[name]))
             summary["ms_per_round"] = _ratio(1000 * decode_s, summary["num_rounds"])
         methods[name] = summary
 
@@ -513,9 +521,15 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_size: int) ->
             "same_acceptance_lengths": all(p["methods"][SPECULATIVE]["acceptance_lengths"] ==
                                            p["methods"][name]["acceptance_lengths"] for p in both),
         }
+    tau_ratios = {}
+    for name in names:  # the main drafter's τ over each compared drafter's, pooled over all their rounds
+        if name.startswith(f"{SPECULATIVE}:"):
+            ours, theirs = methods[SPECULATIVE].get("tau_pooled"), methods[name].get("tau_pooled")
+            tau_ratios[f"{SPECULATIVE}/{name}"] = _ratio(ours or 0.0, theirs or 0.0)
     turns = sum(p["turns"] for p in prompt_rows)
     prefill_s = sum(p["prefill_s"] for p in prompt_rows)
     return {
+        "tau_ratios": tau_ratios,
         "num_prompts": len(prompt_rows),
         "num_prompts_with_errors": sum(1 for p in prompt_rows if any(m["error"] for m in p["methods"].values())),
         "prefill_s": prefill_s,
@@ -545,6 +559,8 @@ def run_benchmark(
     progress: bool = True,
     warmup_tokens: int = WARMUP_TOKENS,
     cudnn_sdpa: bool = True,
+    compare: dict | None = None,
+    no_memory: bool = False,
 ) -> dict:
     """Runs plain and speculative generation (and, with `baselines`, the reference loop and transformers'
     built-in DFlash path) on the same prompts in one process; returns the report (the JSON's content).
@@ -556,19 +572,24 @@ def run_benchmark(
     where to write the JSON / PNG. An error on a prompt is recorded in its row and printed; the run goes on.
     `cudnn_sdpa=False` turns PyTorch's cuDNN attention backend off for the run (on an H200 with torch 2.11 it
     re-plans for every new KV length: ~1 ms of CPU per attention call, twice the decode-step time).
+    `compare`: {label: drafter (folder, Hub id or loaded)}: more speculative methods `speculative:<label>`, each
+    timed against the same plain run, with τ(main)/τ(label) in `summary.tau_ratios`. `no_memory`: also the main
+    drafter with its ReTrace conditioner bypassed (`speculative:no_memory`; needs a ReTrace drafter): the
+    ablation that separates what the memory does at inference from what the ReTrace training did.
     """
     previous = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa and previous)
     try:
         return _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temperature, seed, dtype, device,
                               baselines, output, plot, data, tokenizer, enable_thinking, save_outputs, progress,
-                              warmup_tokens)
+                              warmup_tokens, compare or {}, no_memory)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(previous)
 
 
 def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temperature, seed, dtype, device, baselines,
-                   output, plot, data, tokenizer, enable_thinking, save_outputs, progress, warmup_tokens) -> dict:
+                   output, plot, data, tokenizer, enable_thinking, save_outputs, progress, warmup_tokens, compare,
+                   no_memory) -> dict:
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     notes = []
@@ -591,6 +612,23 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
     if untrained:
         notes.append(UNTRAINED_NOTE)
         print(f"\n{'!' * 100}\nNOTE {UNTRAINED_NOTE}\n{'!' * 100}\n", file=sys.stderr, flush=True)
+    compared, compare_names = {}, {}
+    for label, other in compare.items():
+        if isinstance(other, (str, os.PathLike)):
+            compare_names[label] = os.fspath(other)
+            other, _ = load_drafter(os.fspath(other), target, seed)
+        else:
+            compare_names[label] = getattr(other.config, "_name_or_path", "") or type(other).__name__
+        compared[label] = other
+    if no_memory:
+        if drafter.retrace is None:
+            raise ValueError("no_memory (--no-memory-ablation) bypasses the ReTrace conditioner: the main drafter "
+                             f"{drafter_name!r} has none (pass a ReTrace drafter as --drafter).")
+        import copy
+
+        ablated = copy.deepcopy(drafter)
+        ablated.retrace = None  # the conditioner bypassed: the same backbone, no memory
+        compared["no_memory"], compare_names["no_memory"] = ablated, f"{drafter_name} (ReTrace memory off)"
     if baselines and temperature > 0:
         notes.append("T > 0: zlab_reference samples its proposals from the drafter (z-lab's policy); speculative "
                      f"uses proposal_policy={drafter.config.proposal_policy!r}, transformers_builtin samples them")
@@ -602,7 +640,7 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
         raise ValueError(f"prompt set {dataset!r} gave no prompts")
     if any(len(item["turns"]) > 1 for item in items):
         notes.append(DEFINITIONS["multi_turn"])
-    methods = _Methods(target, drafter, max_new_tokens, temperature, baselines)
+    methods = _Methods(target, drafter, max_new_tokens, temperature, baselines, compared)
     names = list(methods.available)
 
     # Warm-up, excluded from every number: the prefill call and each method once on the first prompt.
@@ -641,13 +679,14 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
             "max_samples": max_samples, "num_prompts": len(items), "max_new_tokens": max_new_tokens,
             "temperature": temperature, "block_size": drafter.config.block_size, "seed": seed,
             "enable_thinking": enable_thinking, "baselines": baselines, "methods": names,
-            "skipped_methods": methods.skipped, "warmup_tokens": warmup_tokens,
+            "skipped_methods": methods.skipped, "warmup_tokens": warmup_tokens, "compare": compare_names,
+            "block_sizes": methods.block_sizes,
             "cudnn_sdpa": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
         },
         "environment": environment(device, dtype, seed),
         "definitions": DEFINITIONS,
         "notes": notes,
-        "summary": _summary(prompt_rows, all_rows, names, drafter.config.block_size),
+        "summary": _summary(prompt_rows, all_rows, names, methods.block_sizes),
         "timing": {
             "wall_s": time.perf_counter() - start,
             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
@@ -678,30 +717,35 @@ def format_report(report: dict) -> str:
         f"{env['device']} {env['dtype']} | torch {env['torch']} | transformers {env['transformers']} | "
         f"git {str(env['git_sha'])[:10]}{'+dirty' if env['git_dirty'] else ''} | seed {config['seed']}",
     ]
-    header = (f"{'method':<21}{'ok':>4}{'new tok':>9}{'total s':>9}{'decode s':>10}{'tok/s':>8}{'dec tok/s':>10}"
+    header = (f"{'method':<24}{'ok':>4}{'new tok':>9}{'total s':>9}{'decode s':>10}{'tok/s':>8}{'dec tok/s':>10}"
               f"{'speedup':>9}{'τ pooled':>10}{'τ prompt':>10}{'ms/round':>10}{'= plain':>9}")
     lines += [header, "-" * len(header)]
     for name, m in summary["methods"].items():
         agree = m.get("agreement")
         lines.append(
-            f"{name:<21}{m['num_ok']:>4}{m['new_tokens']:>9}{m['total_s']:>9.2f}{m['decode_s']:>10.2f}"
+            f"{name:<24}{m['num_ok']:>4}{m['new_tokens']:>9}{m['total_s']:>9.2f}{m['decode_s']:>10.2f}"
             f"{_fmt(m['tokens_per_s']):>8}{_fmt(m['decode_tokens_per_s']):>10}{_fmt(m.get('speedup'), '.3f'):>9}"
             f"{_fmt(m.get('tau_pooled'), '.3f'):>10}{_fmt(m.get('tau_prompt_mean'), '.3f'):>10}"
             f"{_fmt(m.get('ms_per_round'), '.1f'):>10}{_fmt(agree and agree['exact_rate'], '.0%'):>9}"
         )
     for name, reason in config["skipped_methods"].items():
-        lines.append(f"{name:<21}skipped: {reason}")
+        lines.append(f"{name:<24}skipped: {reason}")
     lines.append(f"prefill (separate generate(max_new_tokens=1), shared by all methods): "
                  f"{_fmt(summary['prefill_ms_mean'], '.1f')} ms per turn; decode = total - prefill")
     lines.append("τ pooled = mean over all rounds; τ prompt = mean of per-prompt means; '= plain' = prompts whose "
                  "tokens equal plain generate's")
-    spec = summary["methods"].get(SPECULATIVE, {})
-    if spec.get("histogram"):
+    for name, spec in summary["methods"].items():
+        if not name.startswith(SPECULATIVE) or not spec.get("histogram"):
+            continue
         hist = spec["histogram"]
-        lines.append("τ histogram (speculative, % of rounds): " + " ".join(
+        lines.append(f"τ histogram ({name}, % of rounds): " + " ".join(
             f"{n}:{_fmt(f and 100 * f, '.1f')}" for n, f in zip(hist["lengths"], hist["fractions"]) if f))
         rates = spec["per_slot"]["rate"]
-        lines.append("per-slot acceptance (speculative, slot 1..K): " + " ".join(_fmt(r, ".2f") for r in rates))
+        lines.append(f"per-slot acceptance ({name}, slot 1..K): " + " ".join(_fmt(r, ".2f") for r in rates))
+    for key, ratio in summary.get("tau_ratios", {}).items():
+        lines.append(f"τ ratio {key}: {_fmt(ratio, '.3f')} (pooled τ of the main drafter over the compared one)")
+    for label, name in config.get("compare", {}).items():
+        lines.append(f"{SPECULATIVE}:{label} = {name}")
     for key, o in summary["overhead"].items():
         lines.append(f"overhead {key}: end-to-end time ratio {_fmt(o['time_ratio'], '.3f')}, decode "
                      f"{_fmt(o['decode_time_ratio'], '.3f')}, per round {_fmt(o['round_time_ratio'], '.3f')} "
@@ -756,11 +800,21 @@ def _cli(args) -> int:
         device=args.device, baselines=args.baselines, output=args.output, plot=args.plot, data=args.data,
         enable_thinking=args.enable_thinking, save_outputs=args.save_outputs, progress=not args.no_progress,
         warmup_tokens=args.warmup_tokens, cudnn_sdpa=not args.no_cudnn_sdpa,
+        compare=dict(args.compare or []), no_memory=args.no_memory_ablation,
     )
     print(format_report(report))
     if args.output:
         print(f"JSON: {args.output}" + (f" | plot: {args.plot}" if args.plot else ""))
     return 1 if report["summary"]["num_prompts_with_errors"] else 0
+
+
+def _label_and_path(value: str) -> tuple:
+    import argparse
+
+    label, sep, path = value.partition("=")
+    if not sep or not label or not path or not label.replace("_", "").replace("-", "").isalnum():
+        raise argparse.ArgumentTypeError(f"expected LABEL=DRAFTER (e.g. dflash=hub_configs/x-dflash), got {value!r}")
+    return label, path
 
 
 def register_cli(subparsers) -> None:
@@ -787,6 +841,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--plot", default=None, help="also write a PNG (histogram + per-slot acceptance) here")
     p.add_argument("--baselines", action="store_true",
                    help="also run z-lab's dflash_generate (if installed) and transformers' speculation_type='dflash'")
+    p.add_argument("--compare", action="append", type=_label_and_path, metavar="LABEL=DRAFTER",
+                   help="also time this drafter against the same plain run (method speculative:LABEL; repeatable)")
+    p.add_argument("--no-memory-ablation", action="store_true",
+                   help="also run the --drafter with its ReTrace memory switched off (method speculative:no_memory)")
     p.add_argument("--enable-thinking", action="store_true", help="thinking on in chat templates that support it")
     p.add_argument("--save-outputs", action="store_true", help="store every method's token ids in the JSON")
     p.add_argument("--warmup-tokens", type=int, default=WARMUP_TOKENS, help="new tokens of each untimed warm-up call")

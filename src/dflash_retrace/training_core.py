@@ -56,15 +56,17 @@ def pad_anchors(anchor_lists: list) -> torch.Tensor:
     return out
 
 
-def block_inputs(input_ids, loss_mask, anchors, block_size, mask_token_id):
+def block_inputs(input_ids, loss_mask, anchors, block_size, mask_token_id, label_ids=None):
     """Query stream for the given anchors.
 
     input_ids/loss_mask (T,) with anchors (N,), or (b, T) with anchors (b, N) padded with -1.
     Returns block_ids, positions, labels, label_valid, each (N*B,) or (b, N*B). Slot 0 of each block
-    (the anchor), padding blocks and slots past the sequence end have no label.
+    (the anchor), padding blocks and slots past the sequence end have no label. `label_ids` (shaped as
+    input_ids): the label of each position, if not the token itself (see `target_labels`).
     """
     if input_ids.dim() == 1:
-        outs = block_inputs(input_ids[None], loss_mask[None], anchors[None], block_size, mask_token_id)
+        outs = block_inputs(input_ids[None], loss_mask[None], anchors[None], block_size, mask_token_id,
+                            None if label_ids is None else label_ids[None])
         return tuple(t[0] for t in outs)
     bsz, T = input_ids.shape
     anchors = anchors.to(input_ids.device)
@@ -73,10 +75,11 @@ def block_inputs(input_ids, loss_mask, anchors, block_size, mask_token_id):
     positions = (anchors.clamp_min(0)[:, :, None] + offsets).reshape(bsz, -1)  # (b, N*B)
     inside = positions < T
     index = positions.clamp_max(T - 1)
-    labels = input_ids.gather(1, index)
+    tokens = input_ids.gather(1, index)
+    labels = tokens if label_ids is None else label_ids.to(input_ids.device).gather(1, index)
     is_anchor = (offsets == 0).repeat(anchors.shape[1])[None]  # (1, N*B)
     label_valid = loss_mask.bool().gather(1, index) & inside & real.repeat_interleave(block_size, 1) & ~is_anchor
-    block_ids = torch.where(is_anchor, labels, torch.full_like(labels, mask_token_id))
+    block_ids = torch.where(is_anchor, tokens, torch.full_like(tokens, mask_token_id))
     return block_ids, positions, labels, label_valid
 
 
@@ -127,11 +130,21 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False):
-    """Concatenated `hidden_states[i + 1]` for i in layer_ids, (b, T, n*H); plus the final-norm states if asked."""
+def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False, with_labels=False):
+    """Concatenated `hidden_states[i + 1]` for i in layer_ids, (b, T, n*H); plus the final-norm states and/or
+    the target's own labels (`target_labels`, from the same forward) if asked, in that order."""
     out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-    return (feats, out.hidden_states[-1]) if with_final else feats
+    extra = ([out.hidden_states[-1]] if with_final else []) + ([target_labels(input_ids, out.logits)] if with_labels
+                                                               else [])
+    return (feats, *extra) if extra else feats
+
+
+def target_labels(input_ids, logits):
+    """(b, T) labels from the target's own next-token argmax: position j gets argmax of the logits at j - 1
+    (position 0 keeps its token). On the target's greedy output these are the tokens themselves; on other text
+    each is what the target would have said there (teacher-forced self-distillation)."""
+    return torch.cat([input_ids[:, :1], logits[:, :-1].argmax(-1).to(input_ids.dtype)], dim=1)
 
 
 def drafter_core(model):
@@ -148,7 +161,7 @@ def drafter_core(model):
 
 
 def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features=None, retrace_memory=None,
-                        attention="dense"):
+                        attention="dense", label_ids=None):
     """Drafter output states of the blocks anchored at `anchors` (shapes as in `block_inputs`).
 
     `drafter` may be wrapped (DDP, PEFT): its forward is called as is. `attention` is "dense" (bool mask,
@@ -165,7 +178,10 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
     bsz, T = input_ids.shape
     if features is None:  # right padding needs no mask: causal attention never looks ahead to it
         features = target_features(target, input_ids, cfg.target_layer_ids)
-    block_ids, positions, labels, label_valid = block_inputs(input_ids, loss_mask, anchors, B, cfg.mask_token_id)
+    if label_ids is not None and label_ids.dim() == 1:
+        label_ids = label_ids[None]
+    block_ids, positions, labels, label_valid = block_inputs(input_ids, loss_mask, anchors, B, cfg.mask_token_id,
+                                                             label_ids)
     noise = core.embed_block(target.get_input_embeddings(), block_ids).to(device)  # (b, N*B, H)
     pos = torch.cat([torch.arange(T, device=device).expand(bsz, -1), positions], dim=1)  # (b, T + N*B)
     if attention == "flex":
@@ -184,10 +200,33 @@ def _ce_and_argmax(hidden, labels, core, lm_head):
     return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
 
 
+class _RowsHead(torch.nn.Module):
+    """The LM head restricted to some vocabulary rows (frozen: no gradient reaches the target's weights)."""
+
+    def __init__(self, lm_head, rows):
+        super().__init__()
+        self.weight = lm_head.weight.detach()[rows]
+        bias = getattr(lm_head, "bias", None)
+        self.bias = None if bias is None else bias.detach()[rows]
+
+    def forward(self, hidden):
+        return F.linear(hidden, self.weight, self.bias)
+
+
+def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
+    """Sorted token ids occurring in the given id tensors (and `extra`): a training loss vocabulary."""
+    ids = [t.reshape(-1) for t in examples_ids] + [torch.as_tensor(list(extra), dtype=torch.long)]
+    return torch.unique(torch.cat(ids).long())
+
+
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
-                      attention="dense", logits_chunk=LOGITS_CHUNK):
+                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
+
+    `vocab`: sorted token ids (see `vocab_rows`) to restrict the softmax to (every label must be among them);
+    the LM head then costs len(vocab)/V of the full one. None: the full vocabulary. `label_ids`: per-position
+    labels (`target_labels`) instead of the tokens themselves.
 
     Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
     The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
@@ -198,12 +237,21 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     gamma = gamma or default_gamma(B)
     hidden, labels, label_valid = block_hidden_states(
         drafter, target, input_ids, loss_mask, anchors, features=features, retrace_memory=retrace_memory,
-        attention=attention,
+        attention=attention, label_ids=label_ids,
     )
     device = hidden.device
     slot = torch.arange(B, device=device).repeat(hidden.shape[1] // B).expand_as(label_valid)[label_valid]  # (n,)
     hidden, labels = hidden[label_valid], labels[label_valid]  # (n, H), (n,)
     lm_head = target.get_output_embeddings()
+    if vocab is not None:
+        vocab = vocab.to(device)
+        position = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
+        position[vocab] = torch.arange(vocab.numel(), device=device)
+        labels_full, labels = labels, position[labels]
+        if bool((labels < 0).any()):
+            raise ValueError("A label is outside the loss vocabulary: build it from every training sequence "
+                             "(`vocab_rows`).")
+        lm_head = _RowsHead(lm_head, vocab)
     ce_parts, pred_parts = [], []
     for start in range(0, max(1, hidden.shape[0]), logits_chunk):
         h, y = hidden[start : start + logits_chunk], labels[start : start + logits_chunk]
@@ -214,6 +262,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         ce_parts.append(ce)
         pred_parts.append(pred)
     ce, pred = torch.cat(ce_parts), torch.cat(pred_parts)
+    if vocab is not None:
+        pred, labels = vocab[pred], labels_full
     w = slot_weights(B, gamma, device)[slot]
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
     correct = (pred == labels).float()

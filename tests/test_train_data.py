@@ -1,0 +1,55 @@
+"""`train_data.build_text_rows`: source-text rows, on stand-in archives (no network)."""
+
+import pytest
+
+from dflash_retrace import train_data
+
+
+@pytest.fixture
+def fake_sources(monkeypatch):
+    words = [f"w{i}" for i in range(3000)]
+    prose = " ".join(words)  # every word unique: a response can be located in its document
+    play = "\n".join(f"line {i} " + "x" * 30 for i in range(600))
+    funcs = [(f"mod{i}.py:f{i}:1", f"def f{i}(a):\n" + "\n".join(f"    a = a + {j}" for j in range(8)) + "\n    return a")
+             for i in range(20)]
+    monkeypatch.setattr(train_data, "fetch_sources", lambda cache_dir=None: {"sotu": None, "brown": None,
+                                                                             "shakespeare": None})
+    monkeypatch.setattr(train_data, "_stdlib_functions", lambda: list(funcs))
+    monkeypatch.setattr(train_data, "_sotu_docs", lambda path: [("sotu-doc", prose)])
+    monkeypatch.setattr(train_data, "_brown_docs", lambda path: [("brown-doc", prose)])
+    monkeypatch.setattr(train_data, "_shakespeare_docs", lambda path: [("play", play)])
+    return prose, play, dict(funcs)
+
+
+def test_text_rows_answer_with_the_source_text(fake_sources, monkeypatch):
+    prose, play, funcs = fake_sources
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(), [{"set": "stand-in", "prompts": 0}]))
+    rows, manifest = train_data.build_text_rows(num_rows=12, seed=3)
+    assert len(rows) == manifest["num_rows"] == 12 and manifest["eval_overlap_check"]["dropped"] == 0
+    assert len({r["id"] for r in rows}) == 12 and all(r["finish_reason"] == "eos" for r in rows)
+    code = [r for r in rows if r["kind"] == "code"]
+    assert len(code) == 6
+    for r in code:
+        whole = funcs[r["source"].split(":", 1)[1]]
+        assert r["response"] == f"```python\n{whole}\n```"
+        head = r["prompt"].split("```python\n", 1)[1].rsplit("\n```", 1)[0]
+        assert whole.startswith(head) and len(head) < len(whole)  # the first half, completed by the response
+    for r in rows:
+        if r["kind"] != "prose":
+            continue
+        text = r["prompt"].split("\n\n", 1)[1]
+        doc = play if r["source"].endswith(":play") else prose
+        sep = "\n" if doc is play else " "
+        assert text + sep + r["response"] in doc  # the response is what follows the excerpt in the document
+
+
+def test_text_rows_drop_overlap_with_evaluation_sets(fake_sources, monkeypatch):
+    prose, _, _ = fake_sources
+    rows, _ = train_data.build_text_rows(num_rows=30, seed=1, check_overlap=False)
+    victim = next(r for r in rows if r["kind"] == "prose" and "w" in r["response"])
+    shingles = train_data._shingles(victim["response"])
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(list(shingles)[:1]), []))
+    kept, manifest = train_data.build_text_rows(num_rows=30, seed=1)
+    assert manifest["eval_overlap_check"]["dropped"] >= 1 and len(kept) == len(rows) - manifest[
+        "eval_overlap_check"]["dropped"]
+    assert victim["response"] not in {r["response"] for r in kept}
