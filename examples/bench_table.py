@@ -38,8 +38,8 @@ def read(paths):
                                        if r["dataset"] in ("humaneval", "mt-bench", "gsm8k") else 9))
 
 
-def _f(x):
-    return "-" if x is None else f"{x:.2f}"
+def _f(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
 
 
 def table(rows) -> str:
@@ -51,7 +51,7 @@ def table(rows) -> str:
         for r in group:
             g = lambda k, f: r[k] and r[k][f]  # noqa: E731
             out.append(f"| {T:g} | {r['dataset']} ({r['n']}) | {_f(g('dflash', 'tau'))} | {_f(g('dflash', 'speedup'))} | "
-                       f"{_f(g('retrace', 'tau'))} | {_f(g('retrace', 'speedup'))} | {_f(r['ratio'])} | "
+                       f"{_f(g('retrace', 'tau'))} | {_f(g('retrace', 'speedup'))} | {_f(r['ratio'], '.3f')} | "
                        f"{_f(g('no_memory', 'tau'))} | {_f(g('no_memory', 'speedup'))} |")
         if len(group) > 1:
             def mean(k, f):
@@ -59,7 +59,7 @@ def table(rows) -> str:
                 return sum(vals) / len(vals) if len(vals) == len(group) else None
             d, t = mean("dflash", "tau"), mean("retrace", "tau")
             out.append(f"| {T:g} | **mean** | {_f(d)} | {_f(mean('dflash', 'speedup'))} | {_f(t)} | "
-                       f"{_f(mean('retrace', 'speedup'))} | {_f(t / d if t and d else None)} | "
+                       f"{_f(mean('retrace', 'speedup'))} | {_f(t / d if t and d else None, '.3f')} | "
                        f"{_f(mean('no_memory', 'tau'))} | {_f(mean('no_memory', 'speedup'))} |")
     return "\n".join(out)
 

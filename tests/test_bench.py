@@ -229,6 +229,18 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     ratio = report["summary"]["tau_ratios"]["speculative/speculative:dflash"]
     assert ratio == pytest.approx(methods["speculative"]["tau_pooled"] / methods["speculative:dflash"]["tau_pooled"])
     assert "τ ratio speculative/speculative:dflash" in text and "speculative:no_memory" in text
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "bench_table.py"
+    table = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True).stdout
+    row = next(line for line in table.splitlines() if line.startswith("| 0 | prompts (4) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{methods['speculative:dflash']['tau_pooled']:.2f}"
+    assert cells[4] == f"{methods['speculative']['tau_pooled']:.2f}" and cells[6] == f"{ratio:.3f}"
+    assert cells[7] == f"{methods['speculative:no_memory']['tau_pooled']:.2f}"
+    assert "identical to plain generate() for every method and prompt: True" in table
     with pytest.raises(ValueError, match="has none"):
         run_benchmark(str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
                       max_samples=1, max_new_tokens=4, device="cpu", output=None, progress=False, no_memory=True)
