@@ -2,6 +2,9 @@
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,10 +232,6 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     ratio = report["summary"]["tau_ratios"]["speculative/speculative:dflash"]
     assert ratio == pytest.approx(methods["speculative"]["tau_pooled"] / methods["speculative:dflash"]["tau_pooled"])
     assert "τ ratio speculative/speculative:dflash" in text and "speculative:no_memory" in text
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(__file__).resolve().parents[1] / "examples" / "bench_table.py"
     table = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True).stdout
     row = next(line for line in table.splitlines() if line.startswith("| 0 | prompts (4) |"))

@@ -21,6 +21,7 @@ Definitions (also written into the JSON under "definitions"):
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -624,8 +625,6 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
         if drafter.retrace is None:
             raise ValueError("no_memory (--no-memory-ablation) bypasses the ReTrace conditioner: the main drafter "
                              f"{drafter_name!r} has none (pass a ReTrace drafter as --drafter).")
-        import copy
-
         ablated = copy.deepcopy(drafter)
         ablated.retrace = None  # the conditioner bypassed: the same backbone, no memory
         compared["no_memory"], compare_names["no_memory"] = ablated, f"{drafter_name} (ReTrace memory off)"
