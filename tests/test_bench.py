@@ -199,6 +199,9 @@ def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     two = next(r for r in report["prompts"] if r["id"] == "two-turn")
     assert two["turns"] == 2 and two["prompt_tokens"][1] > two["prompt_tokens"][0] + 2  # answer fed back
     assert report["summary"]["num_prompts"] == 4
+    assert report["config"]["prompt_order"] == "shuffled (seed 0)"
+    source_ids = [json.loads(line)["id"] for line in (tiny_assets / "prompts.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in report["prompts"]] != source_ids, "seed 0 should reorder these 4 prompts"
     text = format_report(report)
     assert "τ pooled" in text and "speculative" in text and "ERRORS" not in text
 
@@ -216,10 +219,13 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", str(tmp_path / "retrace"),
                      "--compare", f"dflash={tiny_assets / 'drafter'}", "--no-memory-ablation",
                      "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu",
-                     "--output", str(out), "--save-outputs", "--no-progress"])
+                     "--output", str(out), "--save-outputs", "--no-progress", "--source-order"])
     text = capsys.readouterr().out
     assert code == 0
     report = json.loads(out.read_text())
+    source_ids = [json.loads(line)["id"] for line in (tiny_assets / "prompts.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in report["prompts"]] == source_ids  # --source-order: the file's own order
+    assert report["config"]["prompt_order"] == "source" and "prompts in source order" in text
     names = ["plain", "speculative", "speculative:dflash", "speculative:no_memory"]
     _check_schema(report, names)
     _check_token_counts(report, 16)  # every method lossless against the one plain run

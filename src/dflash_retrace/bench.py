@@ -562,6 +562,7 @@ def run_benchmark(
     cudnn_sdpa: bool = True,
     compare: dict | None = None,
     no_memory: bool = False,
+    source_order: bool = False,
 ) -> dict:
     """Runs plain and speculative generation (and, with `baselines`, the reference loop and transformers'
     built-in DFlash path) on the same prompts in one process; returns the report (the JSON's content).
@@ -569,7 +570,8 @@ def run_benchmark(
     `target`: registry name (see `dflash-retrace fetch`), local folder or Hub id, or a loaded model (then pass
     `tokenizer`). `drafter`: folder or Hub id for `DFlashDrafter.from_pretrained`, `"untrained"`, or a loaded
     drafter. `dataset`: gsm8k, math500, humaneval, mbpp, mt-bench or a local JSONL (`data`: a local JSONL with
-    the benchmark's own fields). Prompts: `load_prompts(dataset, max_samples=, seed=)`. `output` / `plot`:
+    the benchmark's own fields). Prompts: `load_prompts(dataset, max_samples=, seed=)`; `source_order=True`
+    keeps the set's own order instead of the seeded shuffle, so `max_samples=128` is "the first 128". `output` / `plot`:
     where to write the JSON / PNG. An error on a prompt is recorded in its row and printed; the run goes on.
     `cudnn_sdpa=False` turns PyTorch's cuDNN attention backend off for the run (on an H200 with torch 2.11 it
     re-plans for every new KV length: ~1 ms of CPU per attention call, twice the decode-step time).
@@ -583,14 +585,14 @@ def run_benchmark(
     try:
         return _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temperature, seed, dtype, device,
                               baselines, output, plot, data, tokenizer, enable_thinking, save_outputs, progress,
-                              warmup_tokens, compare or {}, no_memory)
+                              warmup_tokens, compare or {}, no_memory, source_order)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(previous)
 
 
 def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temperature, seed, dtype, device, baselines,
                    output, plot, data, tokenizer, enable_thinking, save_outputs, progress, warmup_tokens, compare,
-                   no_memory) -> dict:
+                   no_memory, source_order) -> dict:
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     notes = []
@@ -634,7 +636,7 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
     if drafter.retrace is not None and baselines:
         notes.append("the drafter has ReTrace weights: zlab_reference and transformers_builtin run it as plain DFlash")
 
-    items = load_prompts(dataset, max_samples=max_samples, seed=seed, source=data)
+    items = load_prompts(dataset, max_samples=max_samples, seed=None if source_order else seed, source=data)
     if not items:
         raise ValueError(f"prompt set {dataset!r} gave no prompts")
     if any(len(item["turns"]) > 1 for item in items):
@@ -675,7 +677,8 @@ def _run_benchmark(target, drafter, dataset, max_samples, max_new_tokens, temper
         "config": {
             "target": target_name, "drafter": drafter_name, "drafter_untrained": untrained,
             "dataset": os.fspath(dataset), "data": None if data is None else os.fspath(data),
-            "max_samples": max_samples, "num_prompts": len(items), "max_new_tokens": max_new_tokens,
+            "max_samples": max_samples, "prompt_order": "source" if source_order else f"shuffled (seed {seed})",
+            "num_prompts": len(items), "max_new_tokens": max_new_tokens,
             "temperature": temperature, "block_size": drafter.config.block_size, "seed": seed,
             "enable_thinking": enable_thinking, "baselines": baselines, "methods": names,
             "skipped_methods": methods.skipped, "warmup_tokens": warmup_tokens, "compare": compare_names,
@@ -714,7 +717,8 @@ def format_report(report: dict) -> str:
         f"target {config['target']} | drafter {config['drafter']} | {config['dataset']} x{config['num_prompts']} | "
         f"max_new_tokens {config['max_new_tokens']} | T={config['temperature']} | B={config['block_size']} | "
         f"{env['device']} {env['dtype']} | torch {env['torch']} | transformers {env['transformers']} | "
-        f"git {str(env['git_sha'])[:10]}{'+dirty' if env['git_dirty'] else ''} | seed {config['seed']}",
+        f"git {str(env['git_sha'])[:10]}{'+dirty' if env['git_dirty'] else ''} | seed {config['seed']}"
+        + (f" | prompts in {config['prompt_order']} order" if "prompt_order" in config else ""),
     ]
     header = (f"{'method':<24}{'ok':>4}{'new tok':>9}{'total s':>9}{'decode s':>10}{'tok/s':>8}{'dec tok/s':>10}"
               f"{'speedup':>9}{'τ pooled':>10}{'τ prompt':>10}{'ms/round':>10}{'= plain':>9}")
@@ -799,7 +803,7 @@ def _cli(args) -> int:
         device=args.device, baselines=args.baselines, output=args.output, plot=args.plot, data=args.data,
         enable_thinking=args.enable_thinking, save_outputs=args.save_outputs, progress=not args.no_progress,
         warmup_tokens=args.warmup_tokens, cudnn_sdpa=not args.no_cudnn_sdpa,
-        compare=dict(args.compare or []), no_memory=args.no_memory_ablation,
+        compare=dict(args.compare or []), no_memory=args.no_memory_ablation, source_order=args.source_order,
     )
     print(format_report(report))
     if args.output:
@@ -831,6 +835,8 @@ def register_cli(subparsers) -> None:
                    help="gsm8k, math500, humaneval, mbpp, mt-bench, or a local .jsonl of prompts (default: humaneval)")
     p.add_argument("--data", default=None, help="local JSONL with the benchmark's own fields (instead of Hub/registry)")
     p.add_argument("--max-samples", type=int, default=32, help="prompts after the seeded shuffle (default: 32)")
+    p.add_argument("--source-order", action="store_true",
+                   help="keep the set's own order instead of the seeded shuffle: --max-samples N takes the first N")
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per turn (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=0, help="prompt shuffle, untrained drafter and sampling seed (default: 0)")
