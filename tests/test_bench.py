@@ -245,7 +245,12 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     assert cells[2] == f"{methods['speculative:dflash']['tau_pooled']:.2f}"
     assert cells[4] == f"{methods['speculative']['tau_pooled']:.2f}" and cells[6] == f"{ratio:.3f}"
     assert cells[7] == f"{methods['speculative:no_memory']['tau_pooled']:.2f}"
+    for cell, point in ((cells[9], ratio), (cells[10], report["summary"]["tau_ratios"]["speculative/speculative:no_memory"])):
+        shown, lo, hi = (float(x) for x in cell.replace("[", "").replace("]", "").replace(",", "").split())
+        assert shown == pytest.approx(point, abs=5e-4) and lo <= shown <= hi, cell
     assert "identical to plain generate() for every method and prompt: True" in table
+    # memory off drafts exactly as the DFlash backbone here, so the training-effect ratio has no spread at all
+    assert "τ(memory off)/τ(DFlash), 95% CI: prompts 1.000 [1.000, 1.000]" in table
     with pytest.raises(ValueError, match="has none"):
         run_benchmark(str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
                       max_samples=1, max_new_tokens=4, device="cpu", output=None, progress=False, no_memory=True)
@@ -333,3 +338,21 @@ def test_reference_drafter_has_the_same_weights(tiny_assets):
         ours = drafter(noise_embeds=noise, context_hidden_states=context, position_ids=positions).last_hidden_state
         theirs = ref(position_ids=positions, noise_embedding=noise, target_hidden=context)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_table_paired_bootstrap():
+    """The noise-floor interval: a method that commits exactly twice its rival's tokens per round on every prompt
+    has ratio 2 with no spread; a pair that differs only on some prompts gets an interval around the point value."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).resolve().parents[1] / "examples" / "bench_table.py")
+    bench_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_table)
+    den = [(10 + i, 10) for i in range(20)]
+    row = {"per_prompt": {"dflash": den, "retrace": [(2 * c, n) for c, n in den]}}
+    assert bench_table.bootstrap_ratio([row], "retrace", "dflash") == pytest.approx((2.0, 2.0))
+    row["per_prompt"]["retrace"] = [(c + (5 if i % 2 else 0), n) for i, (c, n) in enumerate(den)]
+    lo, hi = bench_table.bootstrap_ratio([row], "retrace", "dflash")
+    point = bench_table._tau(row["per_prompt"]["retrace"]) / bench_table._tau(den)
+    assert 1.0 < lo < point < hi
+    assert bench_table.bootstrap_ratio([row], "no_memory", "dflash") is None

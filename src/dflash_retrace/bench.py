@@ -10,7 +10,7 @@ For every prompt, in the same run and on the same token ids:
 Definitions (also written into the JSON under "definitions"):
 - a round is a target verification forward that checked at least one proposal; τ is tokens committed
   per round, bonus included (1..B). `tau_pooled` averages over all rounds of all prompts,
-  `tau_prompt_mean` averages each prompt's mean (docs/DESIGN.md section 1);
+  `tau_prompt_mean` averages each prompt's mean;
 - prefill (time to first token) is timed by a separate `target.generate(max_new_tokens=1)` on the same
   ids (generate()'s setup included) and shared by all methods; decode time = end-to-end time - prefill;
 - speedup = end-to-end time of `plain` / time of the method, summed over prompts both completed

@@ -1,4 +1,4 @@
-"""Benchmark prompt sets in the DFlash prompt format (docs/DESIGN.md section 8).
+"""Benchmark prompt sets in the DFlash harness's prompt formats.
 
 :func:`load_prompts` returns items ``{"id": str, "turns": [str, ...]}``: the raw user messages,
 already formatted the way the DFlash harness formats them. MT-Bench items have two turns (the

@@ -1,4 +1,4 @@
-"""Acceptance metrics over round logs (docs/DESIGN.md section 1), pure functions with no torch.
+"""Acceptance metrics over round logs (τ: tokens committed per round, bonus included), pure functions with no torch.
 
 A round is one target verification forward that checked at least one proposal. Per round we keep
 - the acceptance length: tokens it committed, bonus included (1..B);

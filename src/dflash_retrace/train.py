@@ -6,12 +6,12 @@ Built on `accelerate`: `torchrun --nproc_per_node N -m dflash_retrace.cli train 
 dflash_retrace.cli train ...`) gives DDP; mixed precision, gradient accumulation and checkpoint/resume
 (`save_state`/`load_state`) come from it. Each process trains on its own micro-batches of whole sequences.
 
-DFlash stage (DESIGN.md section 5), per sequence: up to `max_anchors` random anchors among response
+DFlash stage (the DFlash paper's recipe), per sequence: up to `max_anchors` random anchors among response
 positions; blocks `[x_p, MASK x K]`; a block sees target features strictly before its anchor and its own
 block; slot k predicts x_{p+k}; CE weighted exp(-(k-1)/gamma). The target is frozen and outside the
 optimizer (its embedding and LM head are borrowed, never trained); its features are computed online.
 
-ReTrace stage (DESIGN.md section 4): from a DFlash drafter, `add_retrace()` (W_v = 0: step 0 is the DFlash
+ReTrace stage (equations in the README's ReTrace section): from a DFlash drafter, `add_retrace()` (W_v = 0: step 0 is the DFlash
 drafter exactly). Real draft-verify rollouts with the project's generator (`record_rounds`) on the
 training prompts record each round's anchor and the memory that entered it; training replays every
 round as a block anchored there with that memory (detached), DFlash loss on the committed continuation.
