@@ -211,6 +211,30 @@ def _eval_shingles() -> tuple[set, list]:
 
 
 # ----------------------------------------------------------------------------------------- build
+def _first_half(code: str) -> str:
+    lines = code.splitlines()
+    return "\n".join(lines[:max(2, len(lines) // 2)])
+
+
+def _prose_picks(paths, per_prose, rng):
+    """(source, what it is, k, document name, text): `per_prose[i]` random documents of each prose source."""
+    sources = (("sotu", _sotu_docs, "speech"), ("brown", _brown_docs, "text"),
+               ("shakespeare", _shakespeare_docs, "scene"))
+    for (name, loader, what), count in zip(sources, per_prose):
+        docs = loader(paths[name])
+        for k in range(count):
+            doc_name, text = docs[rng.randrange(len(docs))]
+            yield name, what, k, doc_name, text
+
+
+def _drop_eval_overlap(rows, text_of) -> tuple:
+    """(kept rows, dropped count, checked sets): rows whose `text_of(row)` shares a 13-word window with an
+    evaluation prompt are dropped."""
+    eval_sh, checked = _eval_shingles()
+    kept = [r for r in rows if not (_shingles(text_of(r)) & eval_sh)]
+    return kept, len(rows) - len(kept), checked
+
+
 def _plan(num_rows, seed, code_share, cache_dir):
     """(rng, archive paths, seeded-shuffled stdlib functions, code rows, rows per prose source)."""
     rng = random.Random(seed)
@@ -231,33 +255,22 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     for k, (where, code) in enumerate(funcs[:n_code]):
         tmpl = code_templates[k % len(code_templates)]
         if tmpl == "complete":
-            lines = code.splitlines()
-            code = "\n".join(lines[:max(2, len(lines) // 2)])
+            code = _first_half(code)
         rows.append({"prompt": CODE_TEMPLATES[tmpl].format(code=code), "source": f"python-stdlib:{where}",
                      "kind": "code", "template": tmpl})
 
     prose_templates = list(PROSE_TEMPLATES)
-    loaders = [("sotu", _sotu_docs, "speech"), ("brown", _brown_docs, "text"),
-               ("shakespeare", _shakespeare_docs, "scene")]
-    for (name, loader, what), count in zip(loaders, per_prose):
-        docs = loader(paths[name])
-        for k in range(count):
-            doc_name, text = docs[rng.randrange(len(docs))]
-            excerpt = (_shakespeare_excerpt(text, rng) if name == "shakespeare" else _words_excerpt(text, rng))
-            tmpl = prose_templates[k % len(prose_templates)]
-            if name == "shakespeare" and tmpl == "rewrite":
-                pass
-            elif name != "shakespeare" and tmpl == "rewrite":
-                tmpl = "continue"
-            rows.append({"prompt": PROSE_TEMPLATES[tmpl].format(what=what, text=excerpt),
-                         "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose", "template": tmpl})
+    for name, what, k, doc_name, text in _prose_picks(paths, per_prose, rng):
+        excerpt = (_shakespeare_excerpt(text, rng) if name == "shakespeare" else _words_excerpt(text, rng))
+        tmpl = prose_templates[k % len(prose_templates)]
+        if tmpl == "rewrite" and name != "shakespeare":  # modern-English rewrites are for Shakespeare only
+            tmpl = "continue"
+        rows.append({"prompt": PROSE_TEMPLATES[tmpl].format(what=what, text=excerpt),
+                     "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose", "template": tmpl})
 
     dropped, checked = 0, []
     if check_overlap:
-        eval_sh, checked = _eval_shingles()
-        kept = [r for r in rows if not (_shingles(r["prompt"]) & eval_sh)]
-        dropped = len(rows) - len(kept)
-        rows = kept
+        rows, dropped, checked = _drop_eval_overlap(rows, lambda r: r["prompt"])
     rng.shuffle(rows)
     for i, row in enumerate(rows):
         row["id"] = f"p{i:05d}"
@@ -298,34 +311,25 @@ def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check
     rng, paths, funcs, n_code, per_prose = _plan(num_rows, seed, code_share, cache_dir)
     rows = []
     for where, code in funcs[:n_code]:
-        lines = code.splitlines()
-        head = "\n".join(lines[:max(2, len(lines) // 2)])
-        rows.append({"prompt": CODE_TEMPLATES["complete"].format(code=head), "response": f"```python\n{code}\n```",
+        rows.append({"prompt": CODE_TEMPLATES["complete"].format(code=_first_half(code)), "response": f"```python\n{code}\n```",
                      "source": f"python-stdlib:{where}", "kind": "code", "template": "complete+source"})
-    loaders = [("sotu", _sotu_docs, "speech"), ("brown", _brown_docs, "text"),
-               ("shakespeare", _shakespeare_docs, "scene")]
-    for (name, loader, what), count in zip(loaders, per_prose):
-        docs = loader(paths[name])
-        for _ in range(count):
-            doc_name, text = docs[rng.randrange(len(docs))]
-            if name == "shakespeare":
-                units, sep, n_prompt, n_resp = [ln.rstrip() for ln in text.splitlines()], "\n", 12, 16
-            else:
-                units, sep, n_prompt, n_resp = text.split(), " ", rng.randint(50, 100), rng.randint(80, 160)
-            if len(units) < n_prompt + n_resp + 2:
-                continue
-            start = rng.randrange(len(units) // 20, len(units) - n_prompt - n_resp)
-            head, tail = sep.join(units[start:start + n_prompt]), sep.join(units[start + n_prompt:start + n_prompt + n_resp])
-            if len(head.strip()) < 100 or len(tail.strip()) < 100:
-                continue
-            rows.append({"prompt": PROSE_TEMPLATES["continue"].format(what=what, text=head.strip()),
-                         "response": tail.strip(), "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose",
-                         "template": "continue+source"})
+    for name, what, _, doc_name, text in _prose_picks(paths, per_prose, rng):
+        if name == "shakespeare":
+            units, sep, n_prompt, n_resp = [ln.rstrip() for ln in text.splitlines()], "\n", 12, 16
+        else:
+            units, sep, n_prompt, n_resp = text.split(), " ", rng.randint(50, 100), rng.randint(80, 160)
+        if len(units) < n_prompt + n_resp + 2:
+            continue
+        start = rng.randrange(len(units) // 20, len(units) - n_prompt - n_resp)
+        head, tail = sep.join(units[start:start + n_prompt]), sep.join(units[start + n_prompt:start + n_prompt + n_resp])
+        if len(head.strip()) < 100 or len(tail.strip()) < 100:
+            continue
+        rows.append({"prompt": PROSE_TEMPLATES["continue"].format(what=what, text=head.strip()),
+                     "response": tail.strip(), "source": f"{SOURCES[name]['spec']}:{doc_name}", "kind": "prose",
+                     "template": "continue+source"})
     dropped, checked = 0, []
     if check_overlap:
-        eval_sh, checked = _eval_shingles()
-        kept = [r for r in rows if not (_shingles(r["prompt"] + " " + r["response"]) & eval_sh)]
-        dropped, rows = len(rows) - len(kept), kept
+        rows, dropped, checked = _drop_eval_overlap(rows, lambda r: r["prompt"] + " " + r["response"])
     rng.shuffle(rows)
     for i, row in enumerate(rows):
         row.update(id=f"t{i:05d}", finish_reason="eos")  # the response ends: the drafter learns to propose EOS
