@@ -14,7 +14,7 @@ import time
 import torch
 
 from dflash_retrace import DFlashConfig, DFlashDrafter, ReTraceMemory
-from dflash_retrace.modeling_dflash import DFlashContextCache
+from dflash_retrace.generation_dflash import DFlashContextCache
 
 
 def main():

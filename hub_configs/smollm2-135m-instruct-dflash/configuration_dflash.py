@@ -13,6 +13,14 @@ Either way the fields transformers' built-in DFlash path reads (`block_size`, `m
 
 from transformers import PretrainedConfig
 
+DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block size
+
+
+def check_block_size(block_size: int) -> int:
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2 (one anchor and at least one proposal slot), got {block_size}.")
+    return int(block_size)
+
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
     """DFlash's rule: `[L//2]` for one feature, else `round(1 + i*(L-4)/(n-1))` (L=36, n=5 -> [1, 9, 17, 25, 33])."""
@@ -94,37 +102,16 @@ class DFlashConfig(PretrainedConfig):
 
         mask_token_id = pick(mask_token_id, "mask_token_id")
         target_layer_ids = pick(target_layer_ids, "target_layer_ids")
-        block_size = pick(block_size, "block_size", 16)
+        block_size = pick(block_size, "block_size", DEFAULT_BLOCK_SIZE)
         input_embedding_scale = pick(input_embedding_scale, "input_embedding_scale", 1.0)
         output_multiplier = pick(output_multiplier, "output_multiplier", 1.0)
         final_logit_softcapping = pick(final_logit_softcapping, "final_logit_softcapping")
 
-        # transformers 5 configs carry RoPE in `rope_parameters`; older ones in `rope_theta` / `rope_scaling`.
-        rope_parameters = kwargs.pop("rope_parameters", None) or {}
-        rope_scaling = kwargs.pop("rope_scaling", None) or {}
-        rope_type = rope_parameters.get("rope_type", rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
-        if rope_type != "default":
-            raise ValueError(
-                f"DFlash drafters support the default RoPE only, this config asks for rope_type={rope_type!r}. "
-                "Drop `rope_scaling` / set `rope_parameters={'rope_type': 'default', 'rope_theta': ...}` in config.json."
-            )
-        rope_theta = float(rope_parameters.get("rope_theta", rope_theta))
-
-        layer_types = kwargs.pop("layer_types", None)
-        if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            raise ValueError(
-                f"DFlash drafters use full (bidirectional) attention in every layer; got layer_types={layer_types}. "
-                "Set `use_sliding_window: false` and remove `layer_types` from config.json."
-            )
-        for unused in ("use_sliding_window", "sliding_window", "max_window_layers", "use_cache"):
-            kwargs.pop(unused, None)
+        rope_theta = _pop_qwen3_layout(kwargs, rope_theta)
 
         if proposal_policy not in ("argmax", "sample"):
             raise ValueError(f"proposal_policy must be 'argmax' or 'sample', got {proposal_policy!r}.")
-        if block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (one anchor and at least one proposal slot), got {block_size}.")
-
-        self.block_size = int(block_size)
+        self.block_size = check_block_size(block_size)
         self.mask_token_id = mask_token_id
         self.num_target_layers = num_target_layers
         self.hidden_size = hidden_size
@@ -166,4 +153,27 @@ class DFlashConfig(PretrainedConfig):
         return config_dict, kwargs
 
 
-__all__ = ["DFlashConfig", "default_target_layer_ids"]
+def _pop_qwen3_layout(kwargs: dict, rope_theta: float) -> float:
+    """Removes the Qwen3 fields a DFlash drafter does not use from `kwargs`, refusing values it cannot honour;
+    returns the RoPE theta."""
+    # transformers 5 configs carry RoPE in `rope_parameters`; older ones in `rope_theta` / `rope_scaling`.
+    rope_parameters = kwargs.pop("rope_parameters", None) or {}
+    rope_scaling = kwargs.pop("rope_scaling", None) or {}
+    rope_type = rope_parameters.get("rope_type", rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
+    if rope_type != "default":
+        raise ValueError(
+            f"DFlash drafters support the default RoPE only, this config asks for rope_type={rope_type!r}. "
+            "Drop `rope_scaling` / set `rope_parameters={'rope_type': 'default', 'rope_theta': ...}` in config.json."
+        )
+    layer_types = kwargs.pop("layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        raise ValueError(
+            f"DFlash drafters use full (bidirectional) attention in every layer; got layer_types={layer_types}. "
+            "Set `use_sliding_window: false` and remove `layer_types` from config.json."
+        )
+    for unused in ("use_sliding_window", "sliding_window", "max_window_layers", "use_cache"):
+        kwargs.pop(unused, None)
+    return float(rope_parameters.get("rope_theta", rope_theta))
+
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "DFlashConfig", "check_block_size", "default_target_layer_ids"]

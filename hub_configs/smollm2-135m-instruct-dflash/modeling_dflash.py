@@ -14,8 +14,6 @@ Checkpoint keys follow z-lab's `DFlashDraftModel` so its checkpoints load unchan
 cache cropping, ReTrace memory and statistics live in `generation_dflash`.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,8 +21,16 @@ from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from .configuration_dflash import DFlashConfig, default_target_layer_ids
-from .generation_dflash import DFlashCandidateGenerator, DFlashStats, install_dispatch
+from .configuration_dflash import DEFAULT_BLOCK_SIZE, DFlashConfig, default_target_layer_ids
+from .generation_dflash import (
+    DFlashCandidateGenerator,
+    DFlashContextCache,
+    DFlashStats,
+    ReTraceMemory,
+    _check_generation_config,
+    _check_single_sequence,
+    install_dispatch,
+)
 
 try:  # transformers >= 5: init functions that skip weights already loaded from a checkpoint
     from transformers import initialization as init
@@ -178,24 +184,6 @@ class DFlashDecoderLayer(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-@dataclass
-class ReTraceMemory:
-    """Memory of the previous round, aligned to the query stream of the next drafter call.
-
-    drafter_states (b, q, H): m, the drafter's final normed state that produced the old proposal.
-    target_states (b, q, H): u, the target's final-norm state that scored it.
-    valid (b, q) bool: False where a slot has no source (anchors, slots past the old block).
-    """
-
-    drafter_states: torch.Tensor
-    target_states: torch.Tensor
-    valid: torch.Tensor
-
-    @property
-    def num_conditioned(self) -> int:
-        return int(self.valid.sum())
-
-
 class ReTraceConditioner(nn.Module):
     r"""Fuses the previous round's rejected trajectory into the MASK embeddings of the next block.
 
@@ -211,12 +199,11 @@ class ReTraceConditioner(nn.Module):
         self.gate = nn.Linear(2 * hidden, hidden)  # W_g
         self.value = nn.Linear(hidden, hidden)  # W_v
         self.value._zero_init = True  # read by _init_weights, whatever order modules are initialised in
-        self.beta = config.retrace_beta  # ramped 0 -> 1 during ReTrace training; 1 at inference
 
-    def forward(self, embeds: torch.Tensor, memory: ReTraceMemory) -> torch.Tensor:
+    def forward(self, embeds: torch.Tensor, memory: ReTraceMemory, beta: float) -> torch.Tensor:
         m = memory.drafter_states.to(embeds.dtype)
         u = memory.target_states.to(embeds.dtype)
-        r = m + self.beta * self.correction(torch.cat([m, u], dim=-1))
+        r = m + beta * self.correction(torch.cat([m, u], dim=-1))
         g = torch.sigmoid(self.gate(torch.cat([embeds, r], dim=-1)))
         delta = self.value(r) * g * memory.valid.unsqueeze(-1).to(embeds.dtype)
         return embeds + delta
@@ -244,34 +231,6 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, DFlashRMSNorm):
             init.ones_(module.weight)
-
-
-class DFlashContextCache:
-    """Per-layer keys/values of committed context positions (plus, during a call, the block).
-
-    Minimal stand-in for a transformers `Cache`: `update` appends and returns everything, `crop`
-    keeps the first `length` positions. The drafter also accepts a transformers `Cache`.
-    """
-
-    def __init__(self):
-        self.keys: list = []
-        self.values: list = []
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple:
-        if layer_idx == len(self.keys):
-            self.keys.append(key)
-            self.values.append(value)
-        else:
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key], dim=2)
-            self.values[layer_idx] = torch.cat([self.values[layer_idx], value], dim=2)
-        return self.keys[layer_idx], self.values[layer_idx]
-
-    def get_seq_length(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
-
-    def crop(self, length: int) -> None:
-        self.keys = [k[:, :, :length] for k in self.keys]
-        self.values = [v[:, :, :length] for v in self.values]
 
 
 class DFlashDrafter(DFlashPreTrainedModel):
@@ -303,7 +262,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         cls,
         target: PreTrainedModel,
         num_hidden_layers: int = 1,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         retrace: bool = False,
         mask_token_id: int | None = None,
         num_target_features: int | None = None,
@@ -317,8 +276,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
         """
         tc = target.config.get_text_config()
         num_target_layers = tc.num_hidden_layers
-        if target_layer_ids is None:
-            target_layer_ids = default_target_layer_ids(num_target_layers, num_target_features or num_hidden_layers)
+        if target_layer_ids is None and num_target_features is not None:  # else the config's default
+            target_layer_ids = default_target_layer_ids(num_target_layers, num_target_features)
         if mask_token_id is None:
             mask_token_id = target.get_input_embeddings().weight.shape[0] - 1
         rope = getattr(tc, "rope_parameters", None) or {}
@@ -394,7 +353,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         if retrace_memory is not None:
             if self.retrace is None:
                 raise ValueError("retrace_memory was given but this drafter has no ReTrace weights (config.retrace=False).")
-            hidden_states = self.retrace(hidden_states, retrace_memory)
+            hidden_states = self.retrace(hidden_states, retrace_memory, self.config.retrace_beta)
 
         mask = _as_bool_mask(attention_mask, q_len)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
@@ -403,6 +362,10 @@ class DFlashDrafter(DFlashPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))
 
     # ------------------------------------------------------------------------------ helpers
+    def context_features(self, hidden_states, num_positions: int | None = None) -> torch.Tensor:
+        """(b, c, n*H) raw context features from a target forward's `hidden_states` (see `context_features`)."""
+        return context_features(hidden_states, self.config.target_layer_ids, num_positions)
+
     def embed_block(self, target_embeddings: nn.Module, token_ids: torch.LongTensor) -> torch.Tensor:
         """Raw rows of the target's embedding table (no embedding-side scaling), times `input_embedding_scale`."""
         weight = target_embeddings.weight
@@ -457,6 +420,13 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "Set `drafter.config.mask_token_id` to a token id of the target's vocabulary (DFlash Qwen3 drafters use 151669)."
             )
 
+    def check_generation(self, generation_config, input_ids: torch.Tensor | None = None) -> None:
+        """Raises a ValueError with the fix if `generate()` asks for what a DFlash drafter cannot run with
+        (beam search, several sequences, another speculation method in the same call)."""
+        _check_generation_config(generation_config, self)
+        if input_ids is not None:
+            _check_single_sequence(input_ids)
+
     def make_candidate_generator(self, target, generation_config, logits_processor, model_kwargs):
         """Builds the candidate generator that travelled with this drafter's code (used by the generate() dispatch)."""
         return DFlashCandidateGenerator(
@@ -466,6 +436,15 @@ class DFlashDrafter(DFlashPreTrainedModel):
             logits_processor=logits_processor,
             model_kwargs=model_kwargs,
         )
+
+
+def context_features(hidden_states, target_layer_ids, num_positions: int | None = None) -> torch.Tensor:
+    """The drafter's context input: `hidden_states[i + 1]` (index 0 is the embedding output) for i in
+    `target_layer_ids`, first `num_positions` positions (default: all), concatenated: (b, c, n*H).
+
+    The one definition shared by the candidate generator and the training objective.
+    """
+    return torch.cat([hidden_states[i + 1][:, :num_positions] for i in target_layer_ids], dim=-1)
 
 
 def _as_bool_mask(attention_mask, q_len):
@@ -484,7 +463,8 @@ def _as_bool_mask(attention_mask, q_len):
 
 install_dispatch()
 
-__all__ = ["DFlashDrafter", "DFlashPreTrainedModel", "DFlashContextCache", "ReTraceMemory", "ReTraceConditioner"]
+__all__ = ["DFlashDrafter", "DFlashPreTrainedModel", "DFlashContextCache", "ReTraceMemory", "ReTraceConditioner",
+           "context_features"]
 
 # save_pretrained writes `auto_map` and copies this module with its siblings next to the weights.
 DFlashConfig.register_for_auto_class()

@@ -72,9 +72,6 @@ class DFlashStats:
     num_proposals: list = field(default_factory=list)
     conditioned_slots: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
-    # Filled only when `drafter.record_rounds` is True (ReTrace training rollouts): per round, the
-    # anchor position, block length and the ReTraceMemory that entered the drafter (on CPU), or None.
-    rounds: list = field(default_factory=list)
 
     @property
     def num_rounds(self) -> int:
@@ -90,6 +87,52 @@ class DFlashStats:
             f"DFlashStats(rounds={self.num_rounds}, tau={self.mean_acceptance_length:.3f}, "
             f"acceptance_lengths={self.acceptance_lengths})"
         )
+
+
+@dataclass
+class ReTraceMemory:
+    """Memory of the previous round, aligned to the query stream of the next drafter call.
+
+    drafter_states (b, q, H): m, the drafter's final normed state that produced the old proposal.
+    target_states (b, q, H): u, the target's final-norm state that scored it.
+    valid (b, q) bool: False where a slot has no source (anchors, slots past the old block).
+    """
+
+    drafter_states: torch.Tensor
+    target_states: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def num_conditioned(self) -> int:
+        return int(self.valid.sum())
+
+
+class DFlashContextCache:
+    """Per-layer keys/values of committed context positions (plus, during a call, the block).
+
+    Minimal stand-in for a transformers `Cache`: `update` appends and returns everything, `crop`
+    keeps the first `length` positions. The drafter also accepts a transformers `Cache`.
+    """
+
+    def __init__(self):
+        self.keys: list = []
+        self.values: list = []
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple:
+        if layer_idx == len(self.keys):
+            self.keys.append(key)
+            self.values.append(value)
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], value], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def crop(self, length: int) -> None:
+        self.keys = [k[:, :, :length] for k in self.keys]
+        self.values = [v[:, :, :length] for v in self.values]
 
 
 def _unwrap(model):
@@ -146,8 +189,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
         param = next(self.drafter.parameters())
         self.device, self.dtype = param.device, param.dtype
-        from .modeling_dflash import DFlashContextCache  # sibling; imported here to avoid an import cycle
-
         self.cache = DFlashContextCache()
         self.context_length = 0  # positions whose features are in the drafter cache (= committed - 1)
         self.round_open = False
@@ -181,7 +222,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
                 "loop committed (a custom forward or cache that skips positions?); please report this with the "
                 "target model class."
             )
-        features = torch.cat([hidden_states[i + 1][:, :num_new] for i in self.layer_ids], dim=-1)
+        features = self.drafter.context_features(hidden_states, num_new)
         block_len = min(self.block_size, remaining + 1)  # the reference loop's block near the budget
         num_proposals = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
         memory, conditioned = (
@@ -215,11 +256,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.stats.num_proposals.append(drafts.shape[1])
         self.stats.conditioned_slots.append(conditioned)
         self.stats.drafts.append(draft_list)
-        if getattr(self.drafter, "record_rounds", False):
-            self.stats.rounds.append(
-                {"anchor_position": seq_len - 1, "block_length": block_len,
-                 "memory": None if memory is None else _memory_to(memory, "cpu")}
-            )
         self.round_open = True
         return torch.cat([input_ids, drafts], dim=-1), logits
 
@@ -263,8 +299,6 @@ class DFlashCandidateGenerator(CandidateGenerator):
         drafter_states, num_old = source
         if accepted >= num_old - 1:  # everything (or all but the last) accepted: no rejected suffix left
             return None, 0
-        from .modeling_dflash import ReTraceMemory
-
         target_final = hidden_states[self.num_target_layers]  # final-norm states; index j-1 scored old slot j
         slots = torch.arange(block_len, device=self.device)
         src = slots + accepted  # old slot index (0-based) feeding new slot i: (i + a + 1) - 1
@@ -276,14 +310,16 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), conditioned
 
 
-def _memory_to(memory, device):
-    from .modeling_dflash import ReTraceMemory
-
-    return ReTraceMemory(*(t.detach().to(device) for t in (memory.drafter_states, memory.target_states, memory.valid)))
-
-
 # ------------------------------------------------------------------------------- dispatch
 _MARKER = "_dflash_retrace_dispatch"
+
+
+def _check_single_sequence(input_ids):
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
+            "Call generate() once per prompt, without padding."
+        )
 
 
 def _check_generation_config(generation_config, drafter):
@@ -339,12 +375,7 @@ def install_dispatch() -> None:
                         stacklevel=4,
                     )
                 return original(self, *args, **kwargs)
-            input_ids = bound.arguments["input_ids"]
-            if input_ids.shape[0] != 1:
-                raise ValueError(
-                    f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
-                    "Call generate() once per prompt, without padding."
-                )
+            _check_single_sequence(bound.arguments["input_ids"])
             _check_generation_config(config, drafter)
             return drafter.make_candidate_generator(self, config, bound.arguments["logits_processor"],
                                                     bound.arguments["model_kwargs"])
@@ -403,7 +434,9 @@ def no_dispatch():
 
 __all__ = [
     "DFlashCandidateGenerator",
+    "DFlashContextCache",
     "DFlashStats",
+    "ReTraceMemory",
     "install_dispatch",
     "uninstall_dispatch",
     "no_dispatch",
