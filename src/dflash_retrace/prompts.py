@@ -1,4 +1,6 @@
-"""Benchmark prompt sets in the DFlash harness's prompt formats.
+"""Benchmark prompt sets in the DFlash harness's prompt formats (and `read_jsonl`, the JSONL reader).
+
+(Formerly `dflash_retrace.datasets`, renamed so it no longer shadows the `datasets` package.)
 
 :func:`load_prompts` returns items ``{"id": str, "turns": [str, ...]}``: the raw user messages,
 already formatted the way the DFlash harness formats them. MT-Bench items have two turns (the
@@ -33,11 +35,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import assets
+from .runtime import apply_chat_template
 
 __all__ = [
     "BENCHMARK_SAMPLES",
     "PROMPT_SETS",
-    "apply_chat_template",
     "format_turns",
     "load_prompts",
     "read_jsonl",
@@ -269,18 +271,3 @@ def load_prompts(
             messages = [{"role": "user", "content": item["turns"][0]}]
             item["text"] = apply_chat_template(tokenizer, messages, enable_thinking=enable_thinking)
     return items
-
-
-def apply_chat_template(tokenizer, messages: list[dict], enable_thinking: bool = False) -> str:
-    """Render ``messages`` with the tokenizer's chat template, ready for the assistant's reply.
-
-    ``enable_thinking`` is passed only to templates that mention it (Qwen3-style). A tokenizer
-    without a chat template gets the message contents joined by blank lines, with a warning.
-    """
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        warnings.warn("tokenizer has no chat template; joining the messages as plain text "
-                      "(set tokenizer.chat_template for chat models)")
-        return "\n\n".join(m["content"] for m in messages)
-    extra = {"enable_thinking": enable_thinking} if "enable_thinking" in str(template) else {}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
