@@ -1,8 +1,9 @@
 """The DFlash training objective: random anchors, block attention rule, decay-weighted CE.
 
-Pure functions on tensors, shared by the trainer (`dflash_retrace.train`), the ReTrace stage and tests.
+Pure functions on tensors, shared by the training loop, the ReTrace stage and tests.
 
-Per sequence x (length T) with target features F (computed online from the clean sequence):
+Per sequence x (length T) with target features F (`context_features` of a target forward on the clean
+sequence: computed online by `target_features`, or precomputed and passed as `features=`):
 - anchors p are drawn among supervised positions with p + K inside the sequence;
 - each block is `[x_p, MASK x K]` at positions p..p+K; all blocks form one query stream;
 - a block query sees context features of positions < p (at inference the anchor has no features yet)
@@ -18,6 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from ..modeling_dflash import context_features
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
 LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
@@ -131,10 +134,10 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
 
 @torch.no_grad()
 def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False, with_labels=False):
-    """Concatenated `hidden_states[i + 1]` for i in layer_ids, (b, T, n*H); plus the final-norm states and/or
-    the target's own labels (`target_labels`, from the same forward) if asked, in that order."""
+    """`context_features` of one target forward, (b, T, n*H); plus the final-norm states and/or the target's own
+    labels (`target_labels`, from the same forward) if asked, in that order."""
     out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    feats = context_features(out.hidden_states, layer_ids)
     extra = ([out.hidden_states[-1]] if with_final else []) + ([target_labels(input_ids, out.logits)] if with_labels
                                                                else [])
     return (feats, *extra) if extra else feats

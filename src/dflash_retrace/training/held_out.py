@@ -1,0 +1,76 @@
+"""Held-out measures of a drafter during training: DFlash loss and per-slot accuracy, and τ with the real generator."""
+
+from __future__ import annotations
+
+import torch
+
+from .data import anchor_generator
+from .objective import dflash_block_loss, drafter_core, sample_anchors
+
+__all__ = ["evaluate_slots", "held_out_metrics", "measure_acceptance"]
+
+
+@torch.no_grad()
+def measure_acceptance(target, drafter, prompts, max_new_tokens=256) -> dict:
+    """τ (bonus included) of `drafter` on `prompts` (list of (1, T) id tensors) with the real generator, greedy.
+
+    Returns the pooled mean over all rounds (`tau`), the mean of per-prompt means (`tau_per_prompt`),
+    the number of rounds, the tokens generated and the slots that received ReTrace memory.
+    """
+    core = drafter_core(drafter)
+    device = next(target.parameters()).device
+    lengths, per_prompt, tokens, conditioned = [], [], 0, 0
+    for prompt in prompts:
+        prompt = prompt.to(device)
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              max_new_tokens=max_new_tokens, do_sample=False)
+        stats = core.last_stats
+        tokens += out.shape[1] - prompt.shape[1]
+        conditioned += sum(stats.conditioned_slots)
+        if stats.acceptance_lengths:
+            lengths += stats.acceptance_lengths
+            per_prompt.append(stats.mean_acceptance_length)
+    return {
+        "tau": sum(lengths) / len(lengths) if lengths else float("nan"),
+        "tau_per_prompt": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan"),
+        "rounds": len(lengths),
+        "tokens": int(tokens),
+        "conditioned_slots": int(conditioned),  # block slots that received ReTrace memory
+    }
+
+
+@torch.no_grad()
+def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=0, attention="dense") -> dict:
+    """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory)."""
+    core = drafter_core(drafter)
+    B = core.config.block_size
+    correct = torch.zeros(B)
+    counted = torch.zeros(B)
+    losses = []
+    for index, ex in enumerate(examples):
+        anchors = sample_anchors(ex.loss_mask, max_anchors, generator=anchor_generator(seed, 1 << 20, index))
+        if anchors.numel() == 0:
+            continue
+        loss, stats = dflash_block_loss(drafter, target, ex.input_ids, ex.loss_mask, anchors, gamma=gamma,
+                                        attention=attention)
+        losses.append(float(loss))
+        correct += stats["correct"].cpu()
+        counted += stats["counted"].cpu()
+    acc = (correct / counted.clamp_min(1))[1:]
+    return {"loss": sum(losses) / len(losses) if losses else float("nan"),
+            "slot_accuracy": [round(float(a), 4) for a in acc], "blocks": int(counted[1])}
+
+
+def held_out_metrics(model, target, held_out, cfg, attention) -> dict:
+    ev = evaluate_slots(model, target, held_out, cfg.max_anchors, cfg.gamma, cfg.seed, attention)
+    chosen = held_out[: cfg.eval_prompts]
+    prompts = [ex.input_ids[: ex.prompt_length][None] for ex in chosen]
+    budget = min(cfg.eval_max_new_tokens, max(int(ex.input_ids.numel() - ex.prompt_length) for ex in chosen))
+    acc = measure_acceptance(target, model, prompts, max(1, budget))
+    return {
+        "held_out_loss": ev["loss"],
+        "held_out_slot_accuracy": ev["slot_accuracy"],  # slots 1..K, random anchors, no memory
+        "held_out_tau": acc["tau"],  # real generator, greedy, pooled over rounds, bonus included
+        "held_out_tau_per_prompt": acc["tau_per_prompt"],
+        "held_out_rounds": acc["rounds"],
+    }
