@@ -1,7 +1,7 @@
 """`dflash-retrace gpu-check`: what only a GPU can show, in one run of a few minutes with nothing downloaded.
 
-A random-weight target at Qwen3-8B shapes and a 5-layer DFlash drafter (block 16, target layers
-[1, 9, 17, 25, 33], mask id 151669) are created directly on the GPU in bf16. On a few random prompts
+A random-weight target at Qwen3-8B shapes and the `qwen3-8b` drafter template (5 layers, block 16, target
+layers [1, 9, 17, 25, 33], mask id 151669) are created directly on the GPU in bf16. On a few random prompts
 it runs plain `target.generate()` and `target.generate(assistant_model=drafter)` (greedy) and reports
 - greedy agreement of speculative with plain generate (random bf16 weights give near-uniform logits,
   so verifying 16 tokens at once can flip near-ties: the rate is reported, exact equality is not assumed);
@@ -25,20 +25,30 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .bench import environment
+from ..modeling_dflash import DFlashDrafter
+from ..runtime import cudnn_sdpa as _cudnn_sdpa
+from ..runtime import environment, resolve_device, resolve_dtype
+from ..templates import TEMPLATES, template_config
 from .metrics import agreement, summarize_rounds
-from .modeling_dflash import DFlashDrafter
 
 __all__ = ["run_gpu_check", "format_gpu_check", "register_cli", "SHAPES"]
 
+
+
+def _template_shape(name: str) -> dict:
+    """A target's and its drafter template's shapes, read from `templates` (not restated here)."""
+    t, drafter = TEMPLATES[name], template_config(name)
+    return {
+        "target": {k: getattr(t, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                               "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")},
+        "drafter": {"num_hidden_layers": drafter.num_hidden_layers, "block_size": drafter.block_size,
+                    "target_layer_ids": drafter.target_layer_ids, "mask_token_id": drafter.mask_token_id},
+    }
+
+
 SHAPES = {
-    # Qwen3-8B and its published DFlash drafter (z-lab/Qwen3-8B-DFlash-b16).
-    "qwen3-8b": {
-        "target": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                       head_dim=128, intermediate_size=12288, vocab_size=151936),
-        "drafter": dict(num_hidden_layers=5, block_size=16, target_layer_ids=[1, 9, 17, 25, 33], mask_token_id=151669),
-        "prompt_lengths": (256, 512), "num_prompts": 4, "max_new_tokens": 128,
-    },
+    # Qwen3-8B and its drafter template (the published z-lab/Qwen3-8B-DFlash-b16 shape).
+    "qwen3-8b": {**_template_shape("qwen3-8b"), "prompt_lengths": (256, 512), "num_prompts": 4, "max_new_tokens": 128},
     # The same code at toy size, for the CPU (CI).
     "small": {
         "target": dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
@@ -167,24 +177,16 @@ def run_gpu_check(small: bool | None = None, device: str | None = None, dtype: s
                   output: str | Path | None = None, progress: bool = True, cudnn_sdpa: bool = True) -> dict:
     """Runs the check and returns (and writes to `output`) the report; see the module docstring.
 
-    `cudnn_sdpa=False` disables PyTorch's cuDNN attention backend for the run (flash / memory-efficient
-    kernels are used instead): cuDNN builds an execution plan per new sequence length, which costs
-    milliseconds of CPU per attention call when the KV length grows every step.
+    `cudnn_sdpa=False` disables PyTorch's cuDNN attention backend for the run (see `runtime.cudnn_sdpa`).
     """
-    previous = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa and previous)
-    try:
+    with _cudnn_sdpa(cudnn_sdpa):
         return _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progress)
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(previous)
 
 
 def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progress) -> dict:
-    from .bench import resolve_dtype
-
     start = time.perf_counter()
     notes = []
-    device = torch.device(device) if device not in (None, "auto") else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     if small is None:
         small = device.type != "cuda"
         if small:
@@ -217,51 +219,7 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
-    plain_out, spec_out, rows = [], [], []
-    decode_steps, plain_walls, verify_full, verify_all, drafts, heads, round_walls = [], [], [], [], [], [], []
-    lengths, proposals = [], []
-    plain_total = spec_total = 0.0
-    block_size = drafter.config.block_size
-    for i, ids in enumerate(prompts):
-        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=False)
-        target_ms = [ms for kind, _, ms in records if kind == "target"]
-        steps = target_ms[1:]  # the first forward is the prefill
-        decode_steps += steps
-        plain_walls.append((total_ms - target_ms[0]) / max(1, len(steps)))
-        plain_out.append(tokens)
-        plain_total += total_ms
-
-        drafter.last_stats = None
-        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=True)
-        stats = drafter.last_stats
-        if stats is None:
-            raise RuntimeError("generate(assistant_model=drafter) did not run the DFlash candidate generator")
-        forwards = [(n, ms) for kind, n, ms in records if kind == "target"]
-        prefill_ms = forwards[0][1]
-        verifies = forwards[1:]
-        verify_all += [ms for _, ms in verifies]
-        verify_full += [ms for n, ms in verifies if n == block_size]
-        drafts += [ms for kind, _, ms in records if kind == "draft"]
-        heads += [ms for kind, _, ms in records if kind == "head"]
-        round_walls.append((total_ms - prefill_ms) / max(1, len(verifies)))
-        spec_out.append(tokens)
-        spec_total += total_ms
-        lengths.append(list(stats.acceptance_lengths))
-        proposals.append(list(stats.num_proposals))
-        check = agreement([plain_out[-1]], [tokens])
-        rows.append({"prompt_tokens": ids.shape[1], "new_tokens": len(tokens), "rounds": stats.num_rounds,
-                     "tau": stats.mean_acceptance_length, "identical": check["first_divergence"][0] is None,
-                     "first_divergence": check["first_divergence"][0]})
-        say(f"prompt {i + 1}/{num_prompts}: {ids.shape[1]} prompt tokens, identical={rows[-1]['identical']}, "
-            f"tau={stats.mean_acceptance_length:.2f}")
-
-    decode_ms = _mean(decode_steps)
-    round_ms = _mean(round_walls)
-    verify_ms, draft_ms, head_ms = _mean(verify_full) or _mean(verify_all), _mean(drafts), _mean(heads)
-    other_ms = round_ms - (_mean(verify_all) or 0.0) - (draft_ms or 0.0) - (head_ms or 0.0)
-    rel = lambda v: None if v is None or not decode_ms else v / decode_ms  # noqa: E731
-    check = agreement(plain_out, spec_out)
-    rounds = summarize_rounds(lengths, proposals, block_size)
+    log = _measure(target, drafter, prompts, max_new_tokens, timer, say)
     memory = {"weights_gib": weights_gib}
     if device.type == "cuda":
         memory["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -271,7 +229,7 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
     report = {
         "schema": "dflash-retrace/gpu-check/v1",
         "config": {"shape": shape, "target": spec["target"], "drafter": spec["drafter"], "num_prompts": num_prompts,
-                   "prompt_tokens": [r["prompt_tokens"] for r in rows], "max_new_tokens": max_new_tokens,
+                   "prompt_tokens": [r["prompt_tokens"] for r in log["rows"]], "max_new_tokens": max_new_tokens,
                    "greedy": True, "seed": seed,
                    "sdpa_backends": {"flash": torch.backends.cuda.flash_sdp_enabled(),
                                      "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
@@ -280,28 +238,9 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
         "environment": environment(device, dtype, seed),
         "notes": notes + ["random weights, untrained drafter: tau ~ 1 and speedup < 1 are expected; this checks "
                           "cost and correctness plumbing, not acceptance"],
-        "agreement": {"exact_rate": check["exact_rate"], "prefix_rate": check["prefix_rate"],
-                      "all_identical": check["exact_rate"] == 1.0, "first_divergence": check["first_divergence"]},
-        "acceptance": {"tau_pooled": rounds["tau_pooled"], "tau_prompt_mean": rounds["tau_prompt_mean"],
-                       "num_rounds": rounds["num_rounds"], "histogram_counts": rounds["histogram"]["counts"]},
-        "timing_ms": {
-            "plain_decode_step": decode_ms,            # one 1-token target forward inside plain generate
-            "plain_step_wall": _mean(plain_walls),     # per token, generate()'s own overhead included
-            "round_wall": round_ms,                    # per target forward after prefill, speculative generate
-            "target_verify": verify_ms,                # one target forward over B tokens
-            "drafter_forward": draft_ms,
-            "drafter_logits": head_ms,                 # target LM head on the K drafter states
-            "other": other_ms,                         # round_wall - verify - drafter forward - drafter logits
-        },
-        "relative_to_plain_decode_step": {
-            "target_verify": rel(verify_ms), "drafter_forward": rel(draft_ms), "drafter_logits": rel(head_ms),
-            "other": rel(other_ms), "round_wall": rel(round_ms),
-        },
-        "throughput": {"plain_tokens_per_s": sum(map(len, plain_out)) / (plain_total / 1000),
-                       "speculative_tokens_per_s": sum(map(len, spec_out)) / (spec_total / 1000),
-                       "speedup": plain_total / spec_total},
+        **_results(log, drafter.config.block_size),
         "memory": memory,
-        "prompts": rows,
+        "prompts": log["rows"],
         "elapsed_s": time.perf_counter() - start,
         "build_s": build_s,
     }
@@ -309,6 +248,80 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _measure(target, drafter, prompts, max_new_tokens, timer, say) -> dict:
+    """Plain and speculative generate on every prompt, with the forward-level timings of each."""
+    log = {key: [] for key in ("plain_out", "spec_out", "rows", "decode_steps", "plain_walls", "verify_full",
+                               "verify_all", "drafts", "heads", "round_walls", "lengths", "proposals")}
+    log["plain_total"] = log["spec_total"] = 0.0
+    block_size = drafter.config.block_size
+    for i, ids in enumerate(prompts):
+        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=False)
+        target_ms = [ms for kind, _, ms in records if kind == "target"]
+        steps = target_ms[1:]  # the first forward is the prefill
+        log["decode_steps"] += steps
+        log["plain_walls"].append((total_ms - target_ms[0]) / max(1, len(steps)))
+        log["plain_out"].append(tokens)
+        log["plain_total"] += total_ms
+
+        drafter.last_stats = None
+        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=True)
+        stats = drafter.last_stats
+        if stats is None:
+            raise RuntimeError("generate(assistant_model=drafter) did not run the DFlash candidate generator")
+        forwards = [(n, ms) for kind, n, ms in records if kind == "target"]
+        verifies = forwards[1:]  # forwards[0] is the prefill
+        log["verify_all"] += [ms for _, ms in verifies]
+        log["verify_full"] += [ms for n, ms in verifies if n == block_size]
+        log["drafts"] += [ms for kind, _, ms in records if kind == "draft"]
+        log["heads"] += [ms for kind, _, ms in records if kind == "head"]
+        log["round_walls"].append((total_ms - forwards[0][1]) / max(1, len(verifies)))
+        log["spec_out"].append(tokens)
+        log["spec_total"] += total_ms
+        log["lengths"].append(list(stats.acceptance_lengths))
+        log["proposals"].append(list(stats.num_proposals))
+        check = agreement([log["plain_out"][-1]], [tokens])
+        log["rows"].append({"prompt_tokens": ids.shape[1], "new_tokens": len(tokens), "rounds": stats.num_rounds,
+                            "tau": stats.mean_acceptance_length, "identical": check["first_divergence"][0] is None,
+                            "first_divergence": check["first_divergence"][0]})
+        say(f"prompt {i + 1}/{len(prompts)}: {ids.shape[1]} prompt tokens, identical={log['rows'][-1]['identical']}, "
+            f"tau={stats.mean_acceptance_length:.2f}")
+    return log
+
+
+def _results(log: dict, block_size: int) -> dict:
+    """Agreement, acceptance, the per-round time split against a plain decode step, and throughput."""
+    decode_ms = _mean(log["decode_steps"])
+    round_ms = _mean(log["round_walls"])
+    verify_ms, draft_ms, head_ms = _mean(log["verify_full"]) or _mean(log["verify_all"]), _mean(log["drafts"]), \
+        _mean(log["heads"])
+    other_ms = round_ms - (_mean(log["verify_all"]) or 0.0) - (draft_ms or 0.0) - (head_ms or 0.0)
+    rel = lambda v: None if v is None or not decode_ms else v / decode_ms  # noqa: E731
+    check = agreement(log["plain_out"], log["spec_out"])
+    rounds = summarize_rounds(log["lengths"], log["proposals"], block_size)
+    return {
+        "agreement": {"exact_rate": check["exact_rate"], "prefix_rate": check["prefix_rate"],
+                      "all_identical": check["exact_rate"] == 1.0, "first_divergence": check["first_divergence"]},
+        "acceptance": {"tau_pooled": rounds["tau_pooled"], "tau_prompt_mean": rounds["tau_prompt_mean"],
+                       "num_rounds": rounds["num_rounds"], "histogram_counts": rounds["histogram"]["counts"]},
+        "timing_ms": {
+            "plain_decode_step": decode_ms,                 # one 1-token target forward inside plain generate
+            "plain_step_wall": _mean(log["plain_walls"]),   # per token, generate()'s own overhead included
+            "round_wall": round_ms,                         # per target forward after prefill, speculative generate
+            "target_verify": verify_ms,                     # one target forward over B tokens
+            "drafter_forward": draft_ms,
+            "drafter_logits": head_ms,                      # target LM head on the K drafter states
+            "other": other_ms,                              # round_wall - verify - drafter forward - drafter logits
+        },
+        "relative_to_plain_decode_step": {
+            "target_verify": rel(verify_ms), "drafter_forward": rel(draft_ms), "drafter_logits": rel(head_ms),
+            "other": rel(other_ms), "round_wall": rel(round_ms),
+        },
+        "throughput": {"plain_tokens_per_s": sum(map(len, log["plain_out"])) / (log["plain_total"] / 1000),
+                       "speculative_tokens_per_s": sum(map(len, log["spec_out"])) / (log["spec_total"] / 1000),
+                       "speedup": log["plain_total"] / log["spec_total"]},
+    }
 
 
 def format_gpu_check(report: dict) -> str:

@@ -1,0 +1,99 @@
+"""The benchmark report for people: the terminal table (`format_report`) and the PNG (`plot_results`)."""
+
+from __future__ import annotations
+
+import os
+
+from .methods import SPECULATIVE
+
+__all__ = ["format_report", "plot_results"]
+
+
+def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def format_report(report: dict) -> str:
+    """The compact terminal table (and the lines under it) for a report from `run_benchmark`."""
+    config, summary = report["config"], report["summary"]
+    env = report["environment"]
+    lines = [
+        f"target {config['target']} | drafter {config['drafter']} | {config['dataset']} x{config['num_prompts']} | "
+        f"max_new_tokens {config['max_new_tokens']} | T={config['temperature']} | B={config['block_size']} | "
+        f"{env['device']} {env['dtype']} | torch {env['torch']} | transformers {env['transformers']} | "
+        f"git {str(env['git_sha'])[:10]}{'+dirty' if env['git_dirty'] else ''} | seed {config['seed']}"
+        + (f" | prompts in {config['prompt_order']} order" if "prompt_order" in config else ""),
+    ]
+    header = (f"{'method':<24}{'ok':>4}{'new tok':>9}{'total s':>9}{'decode s':>10}{'tok/s':>8}{'dec tok/s':>10}"
+              f"{'speedup':>9}{'τ pooled':>10}{'τ prompt':>10}{'ms/round':>10}{'= plain':>9}")
+    lines += [header, "-" * len(header)]
+    for name, m in summary["methods"].items():
+        agree = m.get("agreement")
+        lines.append(
+            f"{name:<24}{m['num_ok']:>4}{m['new_tokens']:>9}{m['total_s']:>9.2f}{m['decode_s']:>10.2f}"
+            f"{_fmt(m['tokens_per_s']):>8}{_fmt(m['decode_tokens_per_s']):>10}{_fmt(m.get('speedup'), '.3f'):>9}"
+            f"{_fmt(m.get('tau_pooled'), '.3f'):>10}{_fmt(m.get('tau_prompt_mean'), '.3f'):>10}"
+            f"{_fmt(m.get('ms_per_round'), '.1f'):>10}{_fmt(agree and agree['exact_rate'], '.0%'):>9}"
+        )
+    for name, reason in config["skipped_methods"].items():
+        lines.append(f"{name:<24}skipped: {reason}")
+    lines.append(f"prefill (separate generate(max_new_tokens=1), shared by all methods): "
+                 f"{_fmt(summary['prefill_ms_mean'], '.1f')} ms per turn; decode = total - prefill")
+    lines.append("τ pooled = mean over all rounds; τ prompt = mean of per-prompt means; '= plain' = prompts whose "
+                 "tokens equal plain generate's")
+    for name, spec in summary["methods"].items():
+        if not name.startswith(SPECULATIVE) or not spec.get("histogram"):
+            continue
+        hist = spec["histogram"]
+        lines.append(f"τ histogram ({name}, % of rounds): " + " ".join(
+            f"{n}:{_fmt(f and 100 * f, '.1f')}" for n, f in zip(hist["lengths"], hist["fractions"]) if f))
+        rates = spec["per_slot"]["rate"]
+        lines.append(f"per-slot acceptance ({name}, slot 1..K): " + " ".join(_fmt(r, ".2f") for r in rates))
+    for key, ratio in summary.get("tau_ratios", {}).items():
+        lines.append(f"τ ratio {key}: {_fmt(ratio, '.3f')} (pooled τ of the main drafter over the compared one)")
+    for label, name in config.get("compare", {}).items():
+        lines.append(f"{SPECULATIVE}:{label} = {name}")
+    for key, o in summary["overhead"].items():
+        lines.append(f"overhead {key}: end-to-end time ratio {_fmt(o['time_ratio'], '.3f')}, decode "
+                     f"{_fmt(o['decode_time_ratio'], '.3f')}, per round {_fmt(o['round_time_ratio'], '.3f')} "
+                     f"over {o['num_prompts']} prompts; same acceptance lengths: {o['same_acceptance_lengths']}")
+    errors = [(p["id"], name, m["error"]) for p in report["prompts"] for name, m in p["methods"].items() if m["error"]]
+    if errors:
+        lines.append(f"ERRORS ({len(errors)}):")
+        lines += [f"  {pid} {name}: {err}" for pid, name, err in errors]
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def plot_results(report: dict, path: str | os.PathLike) -> None:
+    """PNG: acceptance-length histogram and per-slot acceptance rate of every speculative method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    config = report["config"]
+    spec = {name: m for name, m in report["summary"]["methods"].items() if m.get("histogram")}
+    fig, (ax_hist, ax_slot) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(spec))
+    for i, (name, m) in enumerate(spec.items()):
+        hist = m["histogram"]
+        xs = [n + (i - (len(spec) - 1) / 2) * width for n in hist["lengths"]]
+        ax_hist.bar(xs, [f or 0.0 for f in hist["fractions"]], width=width,
+                    label=f"{name} (τ pooled {_fmt(m['tau_pooled'], '.2f')}, prompt mean {_fmt(m['tau_prompt_mean'], '.2f')})")
+        slot = m["per_slot"]
+        ax_slot.plot(slot["slots"], [r if r is not None else float("nan") for r in slot["rate"]], marker="o", label=name)
+    ax_hist.set(xlabel="acceptance length (tokens per round, bonus included)", ylabel="fraction of rounds",
+                title="acceptance lengths", xticks=list(range(1, config["block_size"] + 1)))
+    ax_slot.set(xlabel="proposal slot k", ylabel="accepted / proposed", title="per-slot acceptance", ylim=(0, 1.02),
+                xticks=list(range(1, config["block_size"])))
+    for ax in (ax_hist, ax_slot):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{config['target']} + {config['drafter']} | {config['dataset']} x{config['num_prompts']} | "
+                 f"T={config['temperature']} | {report['environment']['device']} {report['environment']['dtype']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
