@@ -10,9 +10,16 @@ same object the drop-in path builds). Verification, sampling, stopping, streamin
 transformers'; the class-level `generate()` hook that loading a drafter installs is neither read nor
 changed, so this works when it is uninstalled. Needs no module of its own beyond this file.
 
+The checks are the drafter's own (`drafter.check_generation`, the payload function the dispatch runs): beam
+search, several return sequences, batch size > 1 and other speculation methods in the same call (prompt lookup,
+early exit, ensemble weights, MTP) are refused exactly as with the drop-in path, on the generation config
+`generate()` resolved, together with the drafter/target shape checks (`drafter.check_target`).
+
 Not thread-safe for concurrent `generate()` calls on the same target instance (the shadowing is per
 instance, for the duration of the call).
 """
+
+from transformers import GenerationConfig
 
 _MISSING = object()
 
@@ -25,7 +32,8 @@ def _dflash_drafter(assistant_model):
         )
     get_base = getattr(assistant_model, "get_base_model", None)  # a PeftModel around the drafter
     drafter = get_base() if callable(get_base) else assistant_model
-    if not getattr(drafter, "_is_dflash_drafter", False) or not hasattr(drafter, "make_candidate_generator"):
+    needed = ("make_candidate_generator", "check_generation", "check_target")
+    if not getattr(drafter, "_is_dflash_drafter", False) or not all(hasattr(drafter, name) for name in needed):
         raise TypeError(
             f"assistant_model is a {type(drafter).__name__}, not a dflash-retrace drafter. Load one with "
             "AutoModel.from_pretrained(DRAFTER_REPO, trust_remote_code=True), or drop custom_generate to use "
@@ -34,45 +42,38 @@ def _dflash_drafter(assistant_model):
     return drafter
 
 
-def _check_single_sequence(model, kwargs):
-    config = kwargs.get("generation_config") or model.generation_config
-    for name in ("num_beams", "num_return_sequences"):
-        value = kwargs.get(name, getattr(config, name, 1)) or 1
-        if value > 1:
-            raise ValueError(
-                f"{name}={value} cannot run with a DFlash drafter: speculative decoding verifies one sequence. "
-                f"Use {name}=1 (greedy or sampling), or drop assistant_model."
-            )
-
-
 def generate(model, *args, **kwargs):
     assistant_model = kwargs.pop("assistant_model", None)
     drafter = _dflash_drafter(assistant_model)
-    _check_single_sequence(model, kwargs)
     built = []
+    validate = model._validate_generation_mode
+
+    def _validate_generation_mode(*call_args, **call_kwargs):  # every mode passes here, with the final config
+        config = next(a for a in (*call_args, *call_kwargs.values()) if isinstance(a, GenerationConfig))
+        drafter.check_generation(config)
+        drafter.check_target(model)
+        return validate(*call_args, **call_kwargs)
 
     def _get_candidate_generator(**call):  # transformers passes every argument by keyword
-        input_ids = call["input_ids"]
-        if input_ids.shape[0] != 1:
-            raise ValueError(
-                f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
-                "Call generate() once per prompt, without padding."
-            )
+        drafter.check_generation(call["generation_config"], call["input_ids"])
         generator = drafter.make_candidate_generator(
             model, call["generation_config"], call["logits_processor"], call["model_kwargs"]
         )
         built.append(generator)
         return generator
 
-    previous = model.__dict__.get("_get_candidate_generator", _MISSING)
-    model._get_candidate_generator = _get_candidate_generator
+    shadows = {"_validate_generation_mode": _validate_generation_mode,
+               "_get_candidate_generator": _get_candidate_generator}
+    previous = {name: model.__dict__.get(name, _MISSING) for name in shadows}
+    model.__dict__.update(shadows)
     try:
         output = type(model).generate(model, *args, assistant_model=assistant_model, **kwargs)
     finally:
-        if previous is _MISSING:
-            del model._get_candidate_generator
-        else:
-            model._get_candidate_generator = previous
+        for name, value in previous.items():
+            if value is _MISSING:
+                del model.__dict__[name]
+            else:
+                model.__dict__[name] = value
     if not built:
         raise RuntimeError(
             "generate() finished without asking for a candidate generator, so the DFlash drafter was not used. "

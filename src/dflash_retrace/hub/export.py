@@ -1,0 +1,209 @@
+"""Export and push: a drafter folder made Hub-ready, in our layout or z-lab's (see `dflash_retrace.hub`).
+
+- `ours`: `save_pretrained` of the drafter (safetensors, config.json with `auto_map`, the three payload
+  modules), a model card, and the `training_summary.json` / `bench*.json` found next to the weights.
+- `zlab`: z-lab's config layout, the same tensor names (ours already match theirs), ReTrace weights dropped.
+"""
+
+import json
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+
+from .. import __version__
+from ..configuration_dflash import DFlashConfig
+from ..modeling_dflash import DFlashDrafter
+from ..runtime import load_drafter
+from .card import BENCH_PATTERN, bench_rows, model_card
+
+FORMATS = ("ours", "zlab")
+TRAINING_SUMMARIES = ("training_summary.json", "summary.json")  # the first one found
+WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+
+# Every tensor name z-lab's DFlashDraftModel knows. Ours are the same; this guards against drift.
+_ZLAB_KEY = re.compile(
+    r"^(layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)|mlp\.(gate_proj|up_proj|down_proj)"
+    r"|input_layernorm|post_attention_layernorm)|fc|hidden_norm|norm)\.(weight|bias)$"
+)
+
+
+# ------------------------------------------------------------------------------------ export
+def export_drafter(
+    drafter_dir,
+    out_dir,
+    *,
+    format: str = "ours",
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    repo_id: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Writes a Hub-ready folder for the drafter in `drafter_dir` (a saved drafter or a PEFT adapter of one).
+
+    format: `"ours"` (transformers + trust_remote_code, DFlash and ReTrace) or `"zlab"` (z-lab's layout,
+    plain DFlash: ReTrace weights are dropped with a warning). `repo_id` only fills the card's usage
+    snippet. `overwrite` deletes `out_dir` first; without it a non-empty `out_dir` is an error.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}.")
+    drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
+    if out_dir.resolve() == drafter_dir.resolve():
+        raise ValueError(f"--out {out_dir} is the drafter folder itself; export to a new folder.")
+    drafter = load_drafter(drafter_dir)
+    _prepare_out_dir(out_dir, overwrite)
+    summary_path = next((drafter_dir / n for n in TRAINING_SUMMARIES if (drafter_dir / n).is_file()), None)
+    summary = _read_json(summary_path) if summary_path else None
+    if base_model is None and summary:
+        base_model = summary.get("base_model") or summary.get("target")
+    if base_model is None:
+        warnings.warn(
+            "No base model given: the model card will not name the target. Pass --base-model (the target's Hub id).",
+            stacklevel=2,
+        )
+    bench = bench_rows(drafter_dir)
+    repo_id = repo_id or f"your-org/{out_dir.resolve().name}"
+
+    if format == "ours":
+        drafter.save_pretrained(out_dir)  # weights, config.json with auto_map, the payload modules
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        from huggingface_hub import save_torch_state_dict
+
+        state = zlab_state_dict(drafter)
+        config = zlab_config(drafter.config, dtype=next(drafter.parameters()).dtype)
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_torch_state_dict(state, out_dir)
+    card = model_card(drafter, format=format, base_model=base_model, license=license, repo_id=repo_id,
+                      summary=summary, bench=bench)
+    (out_dir / "README.md").write_text(card)
+    for source in [summary_path, *sorted(drafter_dir.glob(BENCH_PATTERN))]:
+        if source is not None:
+            shutil.copyfile(source, out_dir / source.name)
+    return out_dir
+
+
+def zlab_state_dict(drafter: DFlashDrafter) -> dict:
+    """The drafter's tensors under z-lab's names (identical to ours), without the ReTrace conditioner."""
+    state, dropped = {}, []
+    for name, tensor in drafter.state_dict().items():
+        if name.startswith("retrace."):
+            dropped.append(name)
+            continue
+        if not _ZLAB_KEY.match(name):
+            raise ValueError(f"Tensor {name!r} has no counterpart in z-lab's DFlashDraftModel; the z-lab export cannot carry it.")
+        state[name] = tensor.detach().contiguous()
+    if dropped:
+        warnings.warn(
+            f"z-lab format has no ReTrace: dropped {len(dropped)} `retrace.*` tensors. The export runs as plain DFlash "
+            "(the drafter's backbone); use the default format to keep ReTrace.",
+            stacklevel=3,
+        )
+    return state
+
+
+def zlab_config(config: DFlashConfig, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """config.json in z-lab's layout: a Qwen3 config plus `block_size`, `num_target_layers` and `dflash_config`."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    out = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": config.block_size,
+        "num_target_layers": config.num_target_layers,
+        "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": config.max_position_embeddings,
+        "attention_bias": config.attention_bias,
+        "attention_dropout": config.attention_dropout,
+        "initializer_range": config.initializer_range,
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.num_hidden_layers,
+        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "dtype": dtype_name,
+        "torch_dtype": dtype_name,  # the key readers older than transformers 4.56 look for
+        "transformers_version": transformers.__version__,
+    }
+    for name in ("bos_token_id", "eos_token_id"):
+        if getattr(config, name, None) is not None:
+            out[name] = getattr(config, name)
+    # z-lab's optional conventions, read from dflash_config or the top level; written only when not neutral.
+    if config.input_embedding_scale != 1.0:
+        out["input_embedding_scale"] = config.input_embedding_scale
+    if config.output_multiplier != 1.0:
+        out["output_multiplier"] = config.output_multiplier
+    if config.final_logit_softcapping:
+        out["final_logit_softcapping"] = config.final_logit_softcapping
+    return out
+
+
+def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} is not empty. Choose another --out, or pass --overwrite to delete it first.")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# -------------------------------------------------------------------------------------- push
+def push_drafter(
+    drafter_dir,
+    repo_id: str,
+    *,
+    private: bool = False,
+    format: str = "ours",
+    base_model: str | None = None,
+    license: str = "apache-2.0",
+    commit_message: str | None = None,
+    api=None,
+):
+    """Exports to a temporary folder, then `create_repo` + `upload_folder` with `huggingface_hub.HfApi`.
+
+    `api` is any object with HfApi's `create_repo` and `upload_folder` (tests pass a local stand-in).
+    Weight files already in the repo are replaced, not mixed with the new ones. Returns upload_folder's result.
+    """
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+        export_drafter(drafter_dir, tmp, format=format, base_model=base_model, license=license, repo_id=repo_id,
+                       overwrite=True)
+        if commit_message is None:
+            commit_message = default_commit_message(tmp, format)
+        url = api.create_repo(repo_id, private=private or None, exist_ok=True, repo_type="model")  # None: the org default
+        return api.upload_folder(
+            repo_id=getattr(url, "repo_id", repo_id),
+            folder_path=tmp,
+            repo_type="model",
+            commit_message=commit_message,
+            delete_patterns=WEIGHT_PATTERNS,
+        )
+
+
+def default_commit_message(export_dir, format: str = "ours") -> str:
+    """'Upload DFlash + ReTrace drafter (dflash-retrace 0.1.0)', from an exported folder's config."""
+    config = _read_json(Path(export_dir) / "config.json") or {}
+    kind = "DFlash + ReTrace" if config.get("retrace") else "DFlash"
+    layout = "" if format == "ours" else f", {format} format"
+    return f"Upload {kind} drafter (dflash-retrace {__version__}{layout})"
