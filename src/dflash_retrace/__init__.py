@@ -16,6 +16,10 @@ from .modeling_dflash import DFlashDrafter, ReTraceMemory
 
 __version__ = "0.1.0"
 
+from . import _moved  # noqa: E402 - old module paths, deprecated
+
+_moved.install()
+
 __all__ = [
     "DFlashConfig",
     "DFlashDrafter",

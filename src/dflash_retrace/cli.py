@@ -1,6 +1,6 @@
-"""`dflash-retrace` command line: each subcommand lives with the module that implements it.
+"""`dflash-retrace` command line: each command lives with the package that implements it.
 
-A module listed in COMMAND_MODULES defines `register_cli(subparsers)`, which adds its parser(s) and sets
+Every module listed in COMMAND_MODULES defines `register_cli(subparsers)`, which adds its parser(s) and sets
 `func` (called with the parsed args; its return value is the exit code).
 """
 
@@ -9,12 +9,11 @@ import importlib
 import sys
 
 COMMAND_MODULES = (
-    "dflash_retrace.demo",       # demo (the README's main job)
-    "dflash_retrace.assets",     # fetch
-    "dflash_retrace.train",      # regenerate, train
-    "dflash_retrace.bench",      # bench
-    "dflash_retrace.gpu_check",  # gpu-check
-    "dflash_retrace.hub",        # export, push
+    "dflash_retrace.demo",        # demo (the README's main job)
+    "dflash_retrace.assets",      # fetch
+    "dflash_retrace.training",    # regenerate, train, corpus
+    "dflash_retrace.evaluation",  # bench, gpu-check
+    "dflash_retrace.hub",         # export, push, templates, payload
 )
 
 
@@ -22,13 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dflash-retrace", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # not written yet in this checkout
-                continue
-            raise
-        module.register_cli(subparsers)
+        importlib.import_module(name).register_cli(subparsers)
     return parser
 
 

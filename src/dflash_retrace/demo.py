@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .runtime import encode_messages, load_drafter, load_target
+
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFTER = Path(__file__).resolve().parents[2] / "hub_configs" / "smollm2-135m-instruct-retrace"
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, and explain it briefly."
@@ -22,11 +24,7 @@ def _timed(fn):
 
 def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROMPT, max_new_tokens=128,
              stream=True) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
-
-    from .assets import resolve_model
-    from .datasets import apply_chat_template
-    from .modeling_dflash import DFlashDrafter
+    from transformers import TextStreamer
 
     drafter_path = Path(str(drafter))
     if not drafter_path.exists() and str(drafter) == str(DEFAULT_DRAFTER):
@@ -35,12 +33,10 @@ def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROM
             "or pass --drafter PATH_OR_HUB_ID."
         )
     torch.manual_seed(0)
-    target_path = resolve_model(target)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
-    draft = DFlashDrafter.from_pretrained(drafter).eval()
-    text = apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])
-    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    model, tokenizer = load_target(target, "cpu", "float32")
+    draft = load_drafter(drafter)  # the checkpoint's dtype, as saved
+    input_ids = torch.tensor([encode_messages(tokenizer, [{"role": "user", "content": prompt}])])
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
 
     model.generate(**inputs, max_new_tokens=4, do_sample=False)  # warm-up, not timed
