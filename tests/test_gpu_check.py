@@ -5,10 +5,11 @@ import json
 import torch
 
 from dflash_retrace.cli import main as cli_main
-from dflash_retrace.gpu_check import SHAPES, build_models
+from dflash_retrace.evaluation.gpu_check import SHAPES, build_models
 
 
 def test_qwen3_8b_shapes_are_the_published_ones():
+    """SHAPES reads the `qwen3-8b` template; these are Qwen3-8B's and z-lab/Qwen3-8B-DFlash-b16's config values."""
     spec = SHAPES["qwen3-8b"]
     assert spec["target"] == dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
                                   num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936)

@@ -256,7 +256,7 @@ def test_custom_generate_matches_drop_in(qwen3_target, drafters, hub_prompts, na
         out, stats = _custom(qwen3_target, drafter, prompt, **kwargs)
         assert torch.equal(out, ref)
         assert stats["drafts"] == ref_stats.drafts and stats["acceptance"] == ref_stats.acceptance_lengths
-    assert "_get_candidate_generator" not in qwen3_target.__dict__  # nothing left on the instance
+    assert not {"_get_candidate_generator", "_validate_generation_mode"} & set(qwen3_target.__dict__)  # nothing left
 
 
 def test_custom_generate_with_dispatch_uninstalled(qwen3_target, drafters, hub_prompts):
@@ -283,6 +283,29 @@ def test_custom_generate_fails_loudly(qwen3_target, drafters, hub_prompts):
     with pytest.raises(ValueError, match="batch size 2"):
         _custom(qwen3_target, drafters["dflash"], prompt.repeat(2, 1))
     assert "_get_candidate_generator" not in qwen3_target.__dict__
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt_lookup_num_tokens=3), "prompt lookup decoding"),
+    (dict(assistant_early_exit=1), "early-exit self-speculation"),
+    (dict(assistant_ensemble_weight=0.5), "ensemble verification"),
+    (dict(use_mtp=True), "multi-token prediction"),
+    (dict(num_beams=2), "Beam search"),
+    (dict(num_return_sequences=2, do_sample=True), "num_return_sequences=2"),
+])
+def test_custom_generate_refuses_what_the_dispatch_refuses(qwen3_target, drafters, hub_prompts, kwargs, message):
+    """custom_generate runs the drafter's own checks (the payload's), not a copy: the same refusals, the same words,
+    with the dispatch uninstalled so that only custom_generate can be the one refusing."""
+    prompt = hub_prompts[0]
+    with pytest.raises(ValueError, match=message):
+        qwen3_target.generate(prompt, assistant_model=drafters["dflash"], max_new_tokens=4, **kwargs)
+    dflash_retrace.uninstall_dispatch()
+    try:
+        with pytest.raises(ValueError, match=message):
+            _custom(qwen3_target, drafters["dflash"], prompt, **kwargs)
+    finally:
+        dflash_retrace.install_dispatch()
+    assert not {"_get_candidate_generator", "_validate_generation_mode"} & set(qwen3_target.__dict__)
 
 
 def test_custom_generate_repo_is_self_contained():

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from dflash_retrace import cli
-from dflash_retrace.regenerate import encode_prompt, read_done_ids, regenerate
-from dflash_retrace.train import tokenize_rows
+from dflash_retrace.runtime import encode_prompt, eos_token_ids
+from dflash_retrace.training import read_done_ids, regenerate, tokenize_rows
 from tiny import EOS, VOCAB, tiny_target
 
 CHAT_TEMPLATE = (
@@ -77,12 +77,27 @@ def test_greedy_regeneration_equals_target_generate(target, tokenizer, tmp_path)
         response = row["messages"][-1]["content"] if "messages" in source else row["response"]
         assert tokenizer(response, add_special_tokens=False)["input_ids"] == expected, source["id"]
         assert row["finish_reason"] == ("eos" if finished else "length")
+        assert row.get("eos_token_id") == (EOS if finished else None)  # the end token the target emitted
         assert row["num_response_tokens"] == len(expected)
         assert row["generation"]["do_sample"] is False and row["generation"]["max_new_tokens"] == 24
         assert row["generation"]["chat_template"] is True
     assert rows["b"]["messages"][:2] == PROMPTS[1]["messages"] and rows["b"]["messages"][2]["role"] == "assistant"
     assert len(rows["d"]["messages"]) == 2  # the old assistant turn was replaced by the target's own
     assert "response" not in rows["b"] and rows["a"]["prompt"] == "hello there"
+
+
+def test_training_ends_each_response_with_the_eos_the_target_emits(tokenizer):
+    """A target that stops at several ids (as Llama-3.1-Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>): a
+    regenerated row keeps the one it emitted; other rows get the tokenizer's own EOS, not the config's first id."""
+    multi = tiny_target("qwen3", seed=0)
+    multi.generation_config.eos_token_id = [5, EOS]  # the tokenizer's EOS (EOS) is not the first one
+    eos_ids = eos_token_ids(multi, tokenizer)
+    assert eos_ids == [EOS, 5] and eos_token_ids(multi) == [5, EOS]
+    rows = [{"prompt": "ab", "response": "cd", "finish_reason": "eos", "eos_token_id": 5},
+            {"prompt": "ab", "response": "cd", "finish_reason": "eos"},
+            {"prompt": "ab", "response": "cd", "finish_reason": "length"}]
+    ends = [int(ex.input_ids[-1]) for ex in tokenize_rows(rows, tokenizer, eos_token_id=eos_ids)]
+    assert ends == [5, EOS, tokenizer("d", add_special_tokens=False)["input_ids"][-1]]
 
 
 def test_regeneration_resumes_without_redoing_rows(target, tokenizer, tmp_path, monkeypatch):

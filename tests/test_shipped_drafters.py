@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter, assets
+from dflash_retrace.hub import PAYLOAD_FILES, write_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRACE = ROOT / "hub_configs" / "smollm2-135m-instruct-retrace"
@@ -70,7 +71,10 @@ def test_shipped_drafter_is_lossless_and_drafts(smollm2, folder):
 
 
 @pytest.mark.parametrize("folder", [RETRACE, DFLASH], ids=["retrace", "dflash"])
-def test_shipped_payload_matches_the_library(folder):
-    """The remote code shipped next to the weights is the library's own payload, byte for byte."""
-    for name in ("configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py"):
-        assert (folder / name).read_bytes() == (ROOT / "src" / "dflash_retrace" / name).read_bytes(), name
+def test_shipped_payload_is_what_write_payload_writes(folder, tmp_path):
+    """The remote code shipped next to the weights is the library's own payload, as `hub.write_payload` writes it
+    (`dflash-retrace payload hub_configs/smollm2-135m-instruct-*` refreshes the copies)."""
+    written = write_payload(tmp_path)
+    assert sorted(p.name for p in written) == sorted(PAYLOAD_FILES)
+    for path in written:
+        assert (folder / path.name).read_bytes() == path.read_bytes(), f"{folder.name}/{path.name} is stale"

@@ -1,8 +1,8 @@
-"""`train_data.build_text_rows`: source-text rows, on stand-in archives (no network)."""
+"""`corpus.build_text_rows`: source-text rows, on stand-in archives (no network)."""
 
 import pytest
 
-from dflash_retrace import train_data
+from dflash_retrace.training import corpus as train_data
 
 
 @pytest.fixture

@@ -7,12 +7,14 @@ import torch
 from transformers import AutoModel
 
 from dflash_retrace import DFlashDrafter
-from dflash_retrace import train as train_module
-from dflash_retrace.train import TrainConfig, latest_checkpoint, measure_acceptance, train_drafter
-from dflash_retrace.training_core import (
+from dflash_retrace.training import LORA_TARGETS, TrainConfig, latest_checkpoint, measure_acceptance, train_drafter
+from dflash_retrace.training import data as training_data
+from dflash_retrace.training import loop as training_loop
+from dflash_retrace.training.objective import (
     block_attention_mask,
     block_hidden_states,
     dflash_block_loss,
+    drafter_core,
     flex_block_mask,
     block_inputs,
     pad_anchors,
@@ -52,7 +54,7 @@ def quick(**overrides):
 
 def drafts_and_taus(target, drafter, prompt_list):
     """Generated ids, per-round drafts and acceptance lengths of greedy speculative generation."""
-    core = train_module.drafter_core(drafter)
+    core = drafter_core(drafter)
     outs, drafts, lengths = [], [], []
     for p in prompt_list:
         outs.append(target.generate(p, assistant_model=drafter, max_new_tokens=NEW_TOKENS, do_sample=False))
@@ -275,7 +277,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(target, rows, tmp_pat
     reference = train_drafter(target, None, rows, tmp_path / "straight", config)
 
     calls = {"n": 0}
-    real_loss = train_module.dflash_block_loss
+    real_loss = training_loop.dflash_block_loss
 
     def crashing_loss(*args, **kwargs):
         calls["n"] += 1
@@ -283,10 +285,10 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(target, rows, tmp_pat
             raise KeyboardInterrupt("killed")
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "dflash_block_loss", crashing_loss)
+    monkeypatch.setattr(training_loop, "dflash_block_loss", crashing_loss)
     with pytest.raises(KeyboardInterrupt):
         train_drafter(target, None, rows, tmp_path / "crashed", config)
-    monkeypatch.setattr(train_module, "dflash_block_loss", real_loss)
+    monkeypatch.setattr(training_loop, "dflash_block_loss", real_loss)
     assert latest_checkpoint(tmp_path / "crashed").name == "step-3"
     assert [p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir()] == ["step-3"]  # older ones rotated
 
@@ -319,7 +321,7 @@ def test_retrace_stage_starts_as_dflash_and_does_not_lose_tau(target, rows, trai
 
     trained = train_drafter(target, None, rows, tmp_path / "rt", quick(
         stage="retrace", init=str(dflash_dir), max_steps=100, lr=1e-3, beta_warmup=20, max_anchors=64))
-    assert trained.retrace.value.weight.abs().sum() > 0 and trained.retrace.beta == 1.0
+    assert trained.retrace.value.weight.abs().sum() > 0 and trained.config.retrace_beta == 1.0
     assert trained.config.retrace_beta == 1.0
     rollout = torch.load(tmp_path / "rt" / "rollouts" / "0000000.pt", weights_only=True)
     assert rollout["valid"].any() and not rollout["valid"][:, 0].any()  # memory recorded; slot 0 never conditioned
@@ -347,8 +349,8 @@ def test_replayed_rounds_reproduce_the_generators_drafter_states(target, rows, d
     checked = 0
     for path in sorted((tmp_path / "rollouts").glob("*.pt")):
         rollout = torch.load(path, weights_only=True)
-        ids, mask, anchors, memory = train_module._collate([(0, rollout)], BLOCK, 10**6, 0, 0,
-                                                           drafter.config.hidden_size)
+        ids, mask, anchors, memory = training_data.collate([(0, rollout)], BLOCK, 10**6, 0, 0,
+                                                            drafter.config.hidden_size)
         with torch.no_grad():
             hidden, _, _ = block_hidden_states(drafter, target, ids, mask, anchors, retrace_memory=memory)
         hidden = hidden[0].view(-1, BLOCK, hidden.shape[-1])  # (rounds, B, H)
@@ -391,7 +393,7 @@ def test_lora_trains_adapters_only_and_round_trips(target, rows, train_prompts, 
                                                                    lr=1e-2, lora_r=4))
     assert isinstance(peft_model, PeftModel)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert sorted(config["target_modules"]) == sorted(train_module.LORA_TARGETS)
+    assert sorted(config["target_modules"]) == sorted(LORA_TARGETS)
     assert config["base_model_name_or_path"] == str(dflash_dir.resolve())
 
     # Base weights bit-identical; adapters trained.
@@ -447,7 +449,7 @@ DDP_SCRIPT = """
 import os, sys, torch
 from accelerate import PartialState
 from tiny import continuations, prompts, tiny_target
-from dflash_retrace.train import TrainConfig, train_drafter
+from dflash_retrace.training import TrainConfig, train_drafter
 out, stage = sys.argv[1], sys.argv[2]
 target = tiny_target("qwen3", seed=0)
 rows = [{"input_ids": i.tolist(), "loss_mask": m.long().tolist()}

@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from dflash_retrace import DFlashDrafter
-from dflash_retrace.training_core import dflash_block_loss, sample_anchors
+from dflash_retrace.training.objective import dflash_block_loss, sample_anchors
 
 VOCAB = 96
 EOS = 2
