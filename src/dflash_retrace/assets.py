@@ -12,7 +12,7 @@ Layout of the cache (``DFLASH_RETRACE_CACHE`` overrides the root)::
 
     <root>/models/<name>/           converted checkpoint + asset.json
     <root>/models/.work-<name>-*/   scratch space while fetching (removed afterwards)
-    <root>/datasets/                prompt-set files (see dflash_retrace.datasets)
+    <root>/datasets/                prompt-set files (see dflash_retrace.prompts)
 
 The assembled GGUF is only kept in the scratch folder and deleted after conversion.
 """

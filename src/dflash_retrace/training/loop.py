@@ -1,4 +1,4 @@
-"""The training loop: DFlash drafters (stage "dflash") and their ReTrace conditioner (stage "retrace"), optionally with LoRA.
+"""The training loop: DFlash drafters (stage "dflash") and their ReTrace conditioner ("retrace"), LoRA optional.
 
     train_drafter(target, tokenizer, data, out_dir, TrainConfig(stage="dflash")) -> drafter
 
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from ..configuration_dflash import DEFAULT_BLOCK_SIZE, check_block_size
 from ..generation_dflash import ReTraceMemory
 from ..modeling_dflash import DFlashDrafter
-from ..runtime import eos_token_ids
+from ..runtime import eos_token_ids, load_drafter
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, load_rows, split_held_out, tokenize_rows
@@ -91,7 +91,7 @@ def _load_init(init):
     has_weights = folder.is_dir() and (any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")))
     if str(init) in TEMPLATES or (folder.is_dir() and not has_weights):
         return DFlashDrafter(load_template_config(init))  # template: the shape is set, weights start fresh
-    return DFlashDrafter.from_pretrained(init)
+    return load_drafter(init)  # a saved drafter, or a PEFT adapter merged into its base
 
 
 def _build_drafter(target, cfg, drafter):
