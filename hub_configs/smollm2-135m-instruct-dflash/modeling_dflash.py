@@ -457,14 +457,19 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "Set `drafter.config.mask_token_id` to a token id of the target's vocabulary (DFlash Qwen3 drafters use 151669)."
             )
 
-    def make_candidate_generator(self, target, generation_config, logits_processor, model_kwargs):
-        """Builds the candidate generator that travelled with this drafter's code (used by the generate() dispatch)."""
+    def make_candidate_generator(self, target, generation_config, logits_processor, model_kwargs,
+                                 stopping_criteria=None):
+        """Builds the candidate generator that travelled with this drafter's code (used by the generate() dispatch).
+
+        `stopping_criteria`: the call's criteria; drafts are cut so that none fires inside a round.
+        """
         return DFlashCandidateGenerator(
             drafter=self,
             target=target,
             generation_config=generation_config,
             logits_processor=logits_processor,
             model_kwargs=model_kwargs,
+            stopping_criteria=stopping_criteria,
         )
 
 

@@ -6,7 +6,8 @@ transformers loads this file and calls `generate(model=target, **every generate(
 transformers' own `generate()` unchanged, with one difference scoped to this call and this model: the
 target's `_get_candidate_generator` is shadowed on the instance by one that returns the drafter's own
 candidate generator (`drafter.make_candidate_generator`, the code that travelled with its weights, the
-same object the drop-in path builds). Verification, sampling, stopping, streaming and outputs stay
+same object the drop-in path builds), and `_get_stopping_criteria` by one that hands the call's stopping
+criteria to it (drafts are cut so that no criterion fires inside a round). Verification, sampling, stopping, streaming and outputs stay
 transformers'; the class-level `generate()` hook that loading a drafter installs is neither read nor
 changed, so this works when it is uninstalled. Needs no module of its own beyond this file.
 
@@ -14,7 +15,22 @@ Not thread-safe for concurrent `generate()` calls on the same target instance (t
 instance, for the duration of the call).
 """
 
+import torch
+from transformers import StoppingCriteriaList
+
 _MISSING = object()
+
+
+class _AfterPrompt(StoppingCriteriaList):
+    """The call's stopping criteria, never asked about the bare prompt (plain decoding never asks either):
+    transformers 5.15 asks them about the first iteration's candidate, which is the prompt alone."""
+
+    prompt_length = 0  # set once the prompt is known (when the candidate generator is built)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] <= self.prompt_length:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return super().__call__(input_ids, scores, **kwargs)
 
 
 def _dflash_drafter(assistant_model):
@@ -49,7 +65,11 @@ def generate(model, *args, **kwargs):
     assistant_model = kwargs.pop("assistant_model", None)
     drafter = _dflash_drafter(assistant_model)
     _check_single_sequence(model, kwargs)
-    built = []
+    built, criteria = [], []
+
+    def _get_stopping_criteria(*a, **k):
+        criteria.append(_AfterPrompt(type(model)._get_stopping_criteria(model, *a, **k)))
+        return criteria[-1]
 
     def _get_candidate_generator(**call):  # transformers passes every argument by keyword
         input_ids = call["input_ids"]
@@ -58,21 +78,28 @@ def generate(model, *args, **kwargs):
                 f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
                 "Call generate() once per prompt, without padding."
             )
+        extra = {}
+        if criteria:
+            criteria[-1].prompt_length = input_ids.shape[1]
+            extra["stopping_criteria"] = criteria[-1]
         generator = drafter.make_candidate_generator(
-            model, call["generation_config"], call["logits_processor"], call["model_kwargs"]
+            model, call["generation_config"], call["logits_processor"], call["model_kwargs"], **extra
         )
         built.append(generator)
         return generator
 
-    previous = model.__dict__.get("_get_candidate_generator", _MISSING)
-    model._get_candidate_generator = _get_candidate_generator
+    shadows = {"_get_candidate_generator": _get_candidate_generator, "_get_stopping_criteria": _get_stopping_criteria}
+    previous = {name: model.__dict__.get(name, _MISSING) for name in shadows}
+    for name, shadow in shadows.items():
+        setattr(model, name, shadow)
     try:
         output = type(model).generate(model, *args, assistant_model=assistant_model, **kwargs)
     finally:
-        if previous is _MISSING:
-            del model._get_candidate_generator
-        else:
-            model._get_candidate_generator = previous
+        for name, value in previous.items():
+            if value is _MISSING:
+                delattr(model, name)
+            else:
+                setattr(model, name, value)
     if not built:
         raise RuntimeError(
             "generate() finished without asking for a candidate generator, so the DFlash drafter was not used. "
