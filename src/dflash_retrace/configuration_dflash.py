@@ -11,7 +11,12 @@ Either way the fields transformers' built-in DFlash path reads (`block_size`, `m
 `target_layer_ids`) end up at the top level.
 """
 
+import numbers
+
 from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+PROPOSAL_POLICIES = ("argmax", "sample")
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
@@ -22,6 +27,19 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
         return [num_target_layers // 2]
     span = num_target_layers - 4
     return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+
+
+def check_option(name: str, value) -> None:
+    """Raises for a value of an enumerated or bounded field that no drafter can run with."""
+    if name == "proposal_policy" and value not in PROPOSAL_POLICIES:
+        raise ValueError(
+            f"proposal_policy must be {' or '.join(map(repr, PROPOSAL_POLICIES))}, got {value!r}: 'argmax' proposes "
+            "each slot's most likely token (exact under rejection sampling), 'sample' draws each slot."
+        )
+    if name == "block_size" and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2):
+        raise ValueError(f"block_size must be >= 2 (an int: one anchor and at least one proposal slot), got {value!r}.")
+    if name == "hidden_act" and value not in ACT2FN:
+        raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
 
 class DFlashConfig(PretrainedConfig):
@@ -119,12 +137,7 @@ class DFlashConfig(PretrainedConfig):
         for unused in ("use_sliding_window", "sliding_window", "max_window_layers", "use_cache"):
             kwargs.pop(unused, None)
 
-        if proposal_policy not in ("argmax", "sample"):
-            raise ValueError(f"proposal_policy must be 'argmax' or 'sample', got {proposal_policy!r}.")
-        if block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (one anchor and at least one proposal slot), got {block_size}.")
-
-        self.block_size = int(block_size)
+        self.block_size = block_size
         self.mask_token_id = mask_token_id
         self.num_target_layers = num_target_layers
         self.hidden_size = hidden_size
@@ -152,6 +165,12 @@ class DFlashConfig(PretrainedConfig):
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
         super().__init__(**kwargs)
 
+    def __setattr__(self, key, value):
+        # Every assignment is checked: in __init__, by from_pretrained(..., proposal_policy=...) (which sets
+        # attributes after construction) and by `drafter.config.proposal_policy = ...` after loading.
+        check_option(key, value)
+        super().__setattr__(key, value)
+
     def to_dict(self) -> dict:
         out = super().to_dict()
         # Written from the live values so a z-lab reader of our config.json finds what it expects.
@@ -166,4 +185,4 @@ class DFlashConfig(PretrainedConfig):
         return config_dict, kwargs
 
 
-__all__ = ["DFlashConfig", "default_target_layer_ids"]
+__all__ = ["DFlashConfig", "PROPOSAL_POLICIES", "check_option", "default_target_layer_ids"]
