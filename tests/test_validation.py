@@ -40,3 +40,70 @@ def test_proposal_policy_error_names_the_choices(saved):
     assert drafter.config.proposal_policy == "argmax"  # unchanged by the refused assignment
     drafter.config.proposal_policy = "sample"  # the documented values still work
     assert DFlashDrafter.from_pretrained(saved, proposal_policy="sample").config.proposal_policy == "sample"
+
+
+# ------------------------------------------------------------------- checkpoints that do not fill the model
+def _edited(saved, tmp_path, edit):
+    import json
+    import shutil
+
+    folder = tmp_path / "edited"
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _drop_target_layer_ids(config):
+    config.pop("target_layer_ids")
+    config.pop("dflash_config")
+
+
+def _set_target_layer_ids(config, ids):
+    config["target_layer_ids"] = config["dflash_config"]["target_layer_ids"] = ids
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda c: c.pop("num_hidden_layers"), r"num_hidden_layers=1.*checkpoint has 2 decoder layers.*layers\.1\."),
+    (lambda c: c.__setitem__("num_hidden_layers", 3), r"num_hidden_layers=3.*checkpoint has 2 decoder layers.*layers\.2\."),
+    (lambda c: _set_target_layer_ids(c, [1, 2]), r"fc\.weight.*3 target features.*target_layer_ids=\[1, 2\]"),
+    (_drop_target_layer_ids, r"fc\.weight.*3 target features.*target_layer_ids=\[1, 1\] \(2 features.*derived"),
+    (lambda c: c.__setitem__("hidden_size", 32), r"hidden_size"),
+], ids=["no num_hidden_layers", "too many layers", "short target_layer_ids", "no target_layer_ids", "hidden_size"])
+def test_checkpoint_that_does_not_fill_the_model_is_an_error(saved, tmp_path, edit, expected):
+    folder = _edited(saved, tmp_path, edit)
+    with pytest.raises(ValueError, match=expected):
+        DFlashDrafter.from_pretrained(folder)
+
+
+def test_retrace_weights_added_or_required(saved, tmp_path):
+    """retrace=True on a DFlash checkpoint adds zero-initialised ReTrace weights; ReTrace weights need retrace=True."""
+    drafter, info = DFlashDrafter.from_pretrained(saved, retrace=True, output_loading_info=True)
+    assert drafter.retrace is not None and not drafter.retrace.value.weight.any()
+    assert info["missing_keys"] and all(k.startswith("retrace.") for k in info["missing_keys"])
+    drafter.save_pretrained(tmp_path / "rt")
+    with pytest.raises(ValueError, match=r"retrace\..*retrace=True"):
+        DFlashDrafter.from_pretrained(tmp_path / "rt", retrace=False)
+    assert DFlashDrafter.from_pretrained(tmp_path / "rt").retrace is not None
+
+
+def test_exact_checkpoint_loads_the_same_weights(saved):
+    from safetensors.torch import load_file
+
+    drafter = DFlashDrafter.from_pretrained(saved)
+    state = load_file(saved / "model.safetensors")
+    assert set(state) == set(drafter.state_dict())
+    assert all(torch.equal(state[k], v) for k, v in drafter.state_dict().items())
+
+
+def test_partial_retrace_weights_are_an_error(saved, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    drafter = DFlashDrafter.from_pretrained(saved, retrace=True)
+    drafter.save_pretrained(tmp_path / "rt")
+    state = load_file(tmp_path / "rt" / "model.safetensors")
+    state.pop("retrace.gate.weight")
+    save_file(state, tmp_path / "rt" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"retrace\.gate\.weight"):
+        DFlashDrafter.from_pretrained(tmp_path / "rt")
