@@ -84,13 +84,18 @@ class DFlashStats:
         return len(self.acceptance_lengths)
 
     @property
-    def mean_acceptance_length(self) -> float:
-        """τ: mean tokens per verification forward with proposals (bonus included); nan with no rounds."""
-        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else float("nan")
+    def mean_acceptance_length(self) -> float | None:
+        """τ: mean tokens per verification forward with proposals (bonus included); None with no rounds.
+
+        The first new token comes from the prefill (the target runs alone: no features yet), and a round needs
+        room for a proposal and the bonus, so `max_new_tokens` 1 or 2 give no rounds.
+        """
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else None
 
     def __repr__(self) -> str:
+        tau = self.mean_acceptance_length
         return (
-            f"DFlashStats(rounds={self.num_rounds}, tau={self.mean_acceptance_length:.3f}, "
+            f"DFlashStats(rounds={self.num_rounds}, tau={'None (no rounds)' if tau is None else f'{tau:.3f}'}, "
             f"acceptance_lengths={self.acceptance_lengths})"
         )
 
@@ -386,6 +391,8 @@ def install_dispatch() -> None:
         assistant = bound.arguments.get("assistant_model")
         drafter = _unwrap(assistant)
         config = bound.arguments["generation_config"]
+        if drafter is not None and getattr(config, "speculation_type", None) == "dflash":
+            drafter.last_stats = None  # transformers' own generator runs: no statistics from this call
         if drafter is not None and _get_candidate_generator.enabled:
             if getattr(config, "speculation_type", None) == "dflash":
                 if drafter.retrace is not None:

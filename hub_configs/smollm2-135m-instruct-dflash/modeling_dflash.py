@@ -297,6 +297,19 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.last_stats: DFlashStats | None = None
         self.post_init()
 
+    def __getattr__(self, name):
+        if name == "generation_config":
+            # transformers' generic assisted path reads it: the generate() dispatch is not in the way.
+            raise AttributeError(
+                f"{type(self).__name__} has no generation_config: it is a DFlash drafter, not an ordinary assistant "
+                "model, and generate(assistant_model=drafter) reached transformers' generic assisted path because the "
+                "dflash-retrace generate() dispatch is disabled (inside `no_dispatch()`) or uninstalled "
+                "(`uninstall_dispatch()`). Reinstall it (`dflash_retrace.install_dispatch()`, or leave the "
+                "`no_dispatch()` block) for DFlash(+ReTrace), or pass speculation_type=\"dflash\" for transformers' "
+                "built-in plain DFlash."
+            )
+        return super().__getattr__(name)
+
     # ----------------------------------------------------------------------------------- build
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -395,7 +408,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
             `DFlashContextCache`); receives context and block keys/values, the caller crops the block.
             `past_key_values` is accepted as the pre-5.24 name of the same argument.
         retrace_memory: previous-round memory aligned to the query stream (ReTrace drafters only).
-        Returns `last_hidden_state` (b, q, H) after the final norm.
+        Returns `last_hidden_state` (b, q, H) after the final norm, in the dtype of `noise_embeds`: transformers'
+        built-in DFlash path embeds with the target and applies the target's LM head to it directly.
         """
         cache = cache if cache is not None else past_key_values
         bsz, q_len, hidden = noise_embeds.shape
@@ -416,7 +430,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
     def embed_block(self, target_embeddings: nn.Module, token_ids: torch.LongTensor) -> torch.Tensor:

@@ -252,8 +252,8 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
         rows.append({"prompt_tokens": ids.shape[1], "new_tokens": len(tokens), "rounds": stats.num_rounds,
                      "tau": stats.mean_acceptance_length, "identical": check["first_divergence"][0] is None,
                      "first_divergence": check["first_divergence"][0]})
-        say(f"prompt {i + 1}/{num_prompts}: {ids.shape[1]} prompt tokens, identical={rows[-1]['identical']}, "
-            f"tau={stats.mean_acceptance_length:.2f}")
+        tau = "none (no rounds)" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
+        say(f"prompt {i + 1}/{num_prompts}: {ids.shape[1]} prompt tokens, identical={rows[-1]['identical']}, tau={tau}")
 
     decode_ms = _mean(decode_steps)
     round_ms = _mean(round_walls)
