@@ -107,3 +107,11 @@ def test_partial_retrace_weights_are_an_error(saved, tmp_path):
     save_file(state, tmp_path / "rt" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"retrace\.gate\.weight"):
         DFlashDrafter.from_pretrained(tmp_path / "rt")
+
+
+def test_default_target_layer_ids_out_of_range_is_an_error():
+    """DFlash's rule needs enough target layers: for 2 layers and 2 features it gives [1, -1]."""
+    shallow = tiny_target("qwen3", seed=5, layers=2)
+    with pytest.raises(ValueError, match=r"target_layer_ids \[1, -1\].*2-layer target.*pass target_layer_ids"):
+        DFlashDrafter.from_target(shallow, num_hidden_layers=2)
+    assert DFlashDrafter.from_target(shallow, num_hidden_layers=2, target_layer_ids=[0, 1]).config.target_layer_ids == [0, 1]

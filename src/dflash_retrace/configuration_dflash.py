@@ -26,7 +26,14 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
     if num_features == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4
-    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    ids = [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    if not all(0 <= i < num_target_layers for i in ids):
+        raise ValueError(
+            f"DFlash's default rule gives target_layer_ids {ids} for {num_features} features of a {num_target_layers}-"
+            f"layer target, outside its layers 0..{num_target_layers - 1}: pass target_layer_ids explicitly "
+            f"(e.g. {list(range(min(num_features, num_target_layers)))}) or use fewer target features."
+        )
+    return ids
 
 
 def check_option(name: str, value) -> None:
