@@ -6,40 +6,26 @@ so a stop string completed inside an accepted block went unnoticed and generatio
 generator cuts each draft before the first token at which a criterion fires, so no round can run past a stop.
 """
 
-import itertools
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import (
     MaxTimeCriteria,
-    PreTrainedTokenizerFast,
     StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
 )
 
-from tiny import VOCAB
+from tiny import WindowSum, tiny_tokenizer
 
 MAX_NEW = 30
 CUSTOM_GENERATE = Path(__file__).resolve().parents[1] / "hub_configs" / "custom_generate"
 
 
-def _tokenizer():
-    """Ids 3..95 are the two-letter strings aa, ab, ... over 'abcdefghij', so stop strings can span tokens."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    pieces = ["".join(p) for p in itertools.product("abcdefghij", repeat=2)][: VOCAB - 3]
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{piece: i + 3 for i, piece in enumerate(pieces)}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(".."), behavior="isolated")  # "abcdef" -> ab cd ef
-    core.decoder = decoders.Fuse()  # text is the tokens' strings joined without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
-    return _tokenizer()
+    return tiny_tokenizer()
 
 
 def _plain_and_fast(target, drafter, prompt, **kwargs):
@@ -106,22 +92,10 @@ def test_max_length(qwen3_target, qwen3_drafter, train_prompts, max_length_offse
     assert plain.shape[1] == length and fast[0].tolist() == plain[0].tolist()
 
 
-class _WindowSum(StoppingCriteria):
-    """Stops when the last two tokens sum to a multiple of `modulus` (fires at positions no round is aligned to)."""
-
-    def __init__(self, prompt_length, modulus):
-        self.prompt_length, self.modulus = prompt_length, modulus
-
-    def __call__(self, input_ids, scores, **kwargs):
-        if input_ids.shape[1] < self.prompt_length + 2:
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        return (input_ids[:, -2:].sum(-1) % self.modulus) == 0
-
-
 @pytest.mark.parametrize("modulus", [5, 7, 11, 13])
 def test_custom_criterion(qwen3_target, qwen3_drafter, train_prompts, modulus):
     for prompt in train_prompts[:3]:
-        criteria = StoppingCriteriaList([_WindowSum(prompt.shape[1], modulus)])
+        criteria = StoppingCriteriaList([WindowSum(prompt.shape[1], modulus)])
         plain, fast = _plain_and_fast(qwen3_target, qwen3_drafter, prompt, stopping_criteria=criteria)
         assert fast[0].tolist() == plain[0].tolist(), f"modulus {modulus}"
 
