@@ -160,13 +160,10 @@ def test_custom_stopping_criteria(qwen3_target, qwen3_drafter, train_prompts):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.n, dtype=torch.bool)
 
     prompt = train_prompts[5]
-    # plain decoding stops exactly at n; speculative decoding may overshoot inside a round (transformers'
-    # loop only checks stopping criteria after a round), so compare the common prefix and the stop rule.
-    ref = qwen3_target.generate(prompt, do_sample=False, max_new_tokens=30)
-    out = qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=30,
-                                stopping_criteria=[StopAt(prompt.shape[1] + 10)])
-    assert out.shape[1] >= prompt.shape[1] + 10
-    assert torch.equal(out[0], ref[0, : out.shape[1]])
+    # Fires inside a round: the draft is cut before it, so speculative decoding stops exactly where plain does.
+    out, _ = _check(qwen3_target, qwen3_drafter, prompt, max_new_tokens=30,
+                    stopping_criteria=[StopAt(prompt.shape[1] + 10)])
+    assert out.shape[1] == prompt.shape[1] + 10
 
 
 def test_return_dict_and_scores(qwen3_target, qwen3_drafter, train_prompts):

@@ -1,7 +1,9 @@
 """Tiny random targets and a quickly trained drafter, shared by the tests (CPU, fp32, seconds)."""
 
+import itertools
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, StoppingCriteria
 
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.training.objective import dflash_block_loss, sample_anchors
@@ -10,11 +12,12 @@ VOCAB = 96
 EOS = 2
 
 
-def tiny_target(family: str = "qwen3", seed: int = 0, layers: int = 4):
+def tiny_target(family: str = "qwen3", seed: int = 0, layers: int = 4, max_position_embeddings: int = 1024):
     torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+        num_key_value_heads=2, max_position_embeddings=max_position_embeddings, eos_token_id=EOS, bos_token_id=1,
+        pad_token_id=0,
     )
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, tie_word_embeddings=False, **common))
@@ -25,6 +28,32 @@ def tiny_target(family: str = "qwen3", seed: int = 0, layers: int = 4):
     # Never end on EOS by chance: tests that need EOS choose it explicitly.
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+class WindowSum(StoppingCriteria):
+    """Stops when the last two tokens sum to a multiple of `modulus` (fires at positions no round is aligned to)."""
+
+    def __init__(self, prompt_length, modulus):
+        self.prompt_length, self.modulus = prompt_length, modulus
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] < self.prompt_length + 2:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return (input_ids[:, -2:].sum(-1) % self.modulus) == 0
+
+
+def tiny_tokenizer():
+    """Ids 3..95 are the two-letter strings aa, ab, ... over 'abcdefghij' (text: the strings joined), so stop
+    strings can span tokens; 0-2 are <pad>, <s>, </s>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["".join(p) for p in itertools.product("abcdefghij", repeat=2)][: VOCAB - 3]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{piece: i + 3 for i, piece in enumerate(pieces)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(".."), behavior="isolated")  # "abcdef" -> ab cd ef
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 def prompts(n: int, length: int = 6, seed: int = 0):

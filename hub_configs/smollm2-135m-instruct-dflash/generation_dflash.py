@@ -7,13 +7,15 @@ cropping; this generator only proposes. Per round, with the anchor (last committ
 1. context: target features of the positions the last verification forward committed (the whole
    prompt after prefill); the drafter cache keeps keys/values of committed positions only;
 2. one drafter forward on `[anchor, MASK x K]` at positions p..p+K gives K proposals, capped to the
-   remaining budget and cut after the first EOS;
+   remaining budget, cut after the first EOS and before the first token at which another stopping
+   criterion (stop strings, a custom one) would fire;
 3. the logits the proposals were drawn from (after logits processors) go back for exact sampling;
 4. ReTrace: the drafter states m and the target's verification states u of the rejected suffix are
    shifted by a + 1 (a accepted) into the next block's slots.
 """
 
 import contextlib
+import contextvars
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
 
 SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
@@ -78,13 +81,18 @@ class DFlashStats:
         return len(self.acceptance_lengths)
 
     @property
-    def mean_acceptance_length(self) -> float:
-        """τ: mean tokens per verification forward with proposals (bonus included); nan with no rounds."""
-        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else float("nan")
+    def mean_acceptance_length(self) -> float | None:
+        """τ: mean tokens per verification forward with proposals (bonus included); None with no rounds.
+
+        The first new token comes from the prefill (the target runs alone: no features yet), and a round needs
+        room for a proposal and the bonus, so `max_new_tokens` 1 or 2 give no rounds.
+        """
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else None
 
     def __repr__(self) -> str:
+        tau = self.mean_acceptance_length
         return (
-            f"DFlashStats(rounds={self.num_rounds}, tau={self.mean_acceptance_length:.3f}, "
+            f"DFlashStats(rounds={self.num_rounds}, tau={'None (no rounds)' if tau is None else f'{tau:.3f}'}, "
             f"acceptance_lengths={self.acceptance_lengths})"
         )
 
@@ -149,7 +157,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = True
 
-    def __init__(self, drafter, target, generation_config, logits_processor=None, model_kwargs=None):
+    def __init__(self, drafter, target, generation_config, logits_processor=None, model_kwargs=None,
+                 stopping_criteria=None):
         self.drafter = _unwrap(drafter)
         if self.drafter is None:
             raise TypeError(f"{type(drafter).__name__} is not a DFlash drafter.")
@@ -180,6 +189,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.proposal_policy = config.proposal_policy if self.do_sample else "argmax"
         eos = getattr(generation_config, "_eos_token_tensor", None)
         self.eos_ids = set(eos.view(-1).tolist()) if eos is not None else set()
+        self.stopping_criteria = [
+            c for c in (stopping_criteria or []) if not _handled_by_draft_cuts(c, self.max_length, self.eos_ids)
+        ]
 
         wanted = [i + 1 for i in self.layer_ids] + ([self.num_target_layers] if self.use_retrace else [])
         user_wants_all = bool(generation_config.output_hidden_states)
@@ -246,10 +258,15 @@ class DFlashCandidateGenerator(CandidateGenerator):
         logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
         drafts, logits = self._propose(input_ids, logits)
         draft_list = drafts[0].tolist()  # the one host sync of a round (EOS cut, statistics)
-        if self.eos_ids:
-            cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), len(draft_list))
-            # nothing after an EOS can be committed
-            draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
+        cut = len(draft_list)
+        if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
+            cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), cut)
+        if self.stopping_criteria:
+            cut = self._cut_before_stop(input_ids, drafts, cut)
+        draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
+        if cut == 0:  # the first proposal would end generation: the target takes one plain step
+            self.memory_source = None
+            return input_ids, None
 
         capped = num_proposals < self.block_size - 1
         self.memory_source = None if capped or not self.use_retrace else (states, drafts.shape[1])
@@ -258,6 +275,20 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.stats.drafts.append(draft_list)
         self.round_open = True
         return torch.cat([input_ids, drafts], dim=-1), logits
+
+    def _cut_before_stop(self, input_ids, drafts, cut):
+        """Proposals to keep so that no stopping criterion fires before the last token a round commits.
+
+        transformers appends accepted proposals and the bonus, then asks the criteria about the whole sequence
+        once; a criterion that looks at the sequence's end (stop strings, most custom ones) misses a stop
+        inside the block. Cutting the draft before the first proposal at which a criterion fires leaves that
+        token to the bonus: a round ends exactly where plain decoding would stop, or earlier.
+        """
+        for k in range(cut):
+            prefix = torch.cat([input_ids, drafts[:, : k + 1]], dim=-1)
+            if any(bool(criterion(prefix, None).any()) for criterion in self.stopping_criteria):
+                return k
+        return cut
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self.round_open:
@@ -310,8 +341,38 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), conditioned
 
 
+def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:
+    """True for the criteria that the budget cap and the EOS cut already make exact (skips their per-prefix check)."""
+    if type(criterion) is MaxLengthCriteria:
+        return criterion.max_length >= max_length
+    if type(criterion) is EosTokenCriteria:
+        return set(criterion.eos_token_id.view(-1).tolist()) <= eos_ids
+    return False
+
+
 # ------------------------------------------------------------------------------- dispatch
 _MARKER = "_dflash_retrace_dispatch"
+# The stopping criteria of the running `_assisted_decoding` call: transformers builds the candidate generator
+# inside it without passing them on.
+_STOPPING_CRITERIA = contextvars.ContextVar("dflash_retrace_stopping_criteria", default=None)
+
+
+class CriteriaAfterPrompt(StoppingCriteriaList):
+    """A call's stopping criteria, never asked about the bare prompt (plain decoding never asks either).
+
+    transformers 5.15 asks the criteria about each candidate sequence before verifying it, and in the first
+    iteration (zero proposals: the target prefills alone) that is the prompt itself: a criterion firing on the
+    prompt (a stop string the prompt ends with, an exhausted max_time) would end generation with no new token.
+    """
+
+    def __init__(self, criteria, prompt_length: int):
+        super().__init__(criteria)
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] <= self.prompt_length:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return super().__call__(input_ids, scores, **kwargs)
 
 
 def _check_single_sequence(input_ids):
@@ -366,6 +427,8 @@ def install_dispatch() -> None:
         assistant = bound.arguments.get("assistant_model")
         drafter = _unwrap(assistant)
         config = bound.arguments["generation_config"]
+        if drafter is not None and getattr(config, "speculation_type", None) == "dflash":
+            drafter.last_stats = None  # transformers' own generator runs: no statistics from this call
         if drafter is not None and _get_candidate_generator.enabled:
             if getattr(config, "speculation_type", None) == "dflash":
                 if drafter.retrace is not None:
@@ -377,8 +440,11 @@ def install_dispatch() -> None:
                 return original(self, *args, **kwargs)
             _check_single_sequence(bound.arguments["input_ids"])
             _check_generation_config(config, drafter)
+            extra = {}
+            if "stopping_criteria" in inspect.signature(drafter.make_candidate_generator).parameters:
+                extra["stopping_criteria"] = _STOPPING_CRITERIA.get()  # (a drafter saved by an older payload: none)
             return drafter.make_candidate_generator(self, config, bound.arguments["logits_processor"],
-                                                    bound.arguments["model_kwargs"])
+                                                    bound.arguments["model_kwargs"], **extra)
         return original(self, *args, **kwargs)
 
     _get_candidate_generator.enabled = True
@@ -403,13 +469,41 @@ def install_dispatch() -> None:
     setattr(_validate_generation_mode, _MARKER, True)
     GenerationMixin._validate_generation_mode = _validate_generation_mode
 
+    _install_criteria_handoff(_get_candidate_generator)
+
+
+def _install_criteria_handoff(dispatch) -> None:
+    """Wraps `_assisted_decoding` so that the call's stopping criteria reach the candidate generator built inside
+    it (see `_STOPPING_CRITERIA`) while `dispatch` (the wrapped `_get_candidate_generator`) is enabled."""
+    original = GenerationMixin._assisted_decoding
+    signature = inspect.signature(original)
+
+    def _assisted_decoding(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = bound.arguments
+        ours = (_unwrap(arguments.get("assistant_model")) is not None and dispatch.enabled
+                and getattr(arguments["generation_config"], "speculation_type", None) != "dflash")
+        if not ours or arguments.get("stopping_criteria") is None:
+            return original(self, *args, **kwargs)
+        criteria = arguments["stopping_criteria"] = CriteriaAfterPrompt(
+            arguments["stopping_criteria"], arguments["input_ids"].shape[1])
+        token = _STOPPING_CRITERIA.set(criteria)
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            _STOPPING_CRITERIA.reset(token)
+
+    _assisted_decoding.original = original
+    setattr(_assisted_decoding, _MARKER, True)
+    GenerationMixin._assisted_decoding = _assisted_decoding
+
 
 def uninstall_dispatch() -> None:
     """Restores transformers' own methods: DFlash drafters then only run via `speculation_type="dflash"`."""
-    for owner, name in ((GenerationMixin, "_get_candidate_generator"), (GenerationMixin, "_validate_generation_mode")):
-        current = getattr(owner, name)
+    for name in ("_get_candidate_generator", "_validate_generation_mode", "_assisted_decoding"):
+        current = getattr(GenerationMixin, name)
         if getattr(current, _MARKER, False):
-            setattr(owner, name, current.original)
+            setattr(GenerationMixin, name, current.original)
 
 
 def dispatch_enabled() -> bool:

@@ -256,7 +256,36 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.last_stats: DFlashStats | None = None
         self.post_init()
 
+    def __getattr__(self, name):
+        if name == "generation_config":
+            # transformers' generic assisted path reads it: the generate() dispatch is not in the way.
+            raise AttributeError(
+                f"{type(self).__name__} has no generation_config: it is a DFlash drafter, not an ordinary assistant "
+                "model, and generate(assistant_model=drafter) reached transformers' generic assisted path because the "
+                "dflash-retrace generate() dispatch is disabled (inside `no_dispatch()`) or uninstalled "
+                "(`uninstall_dispatch()`). Reinstall it (`dflash_retrace.install_dispatch()`, or leave the "
+                "`no_dispatch()` block) for DFlash(+ReTrace), or pass speculation_type=\"dflash\" for transformers' "
+                "built-in plain DFlash."
+            )
+        return super().__getattr__(name)
+
     # ----------------------------------------------------------------------------------- build
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' loader, except that a checkpoint which does not fill the model exactly is an error.
+
+        Missing, unexpected or mismatched drafter weights mean the config disagrees with the checkpoint (a
+        missing `num_hidden_layers`, `target_layer_ids` of another length, ...); the error names the keys and
+        the config value. Only ReTrace weights may be missing altogether: `retrace=True` on a DFlash checkpoint
+        adds them zero-initialised.
+        """
+        wants_info = kwargs.pop("output_loading_info", False)
+        kwargs["ignore_mismatched_sizes"] = True  # report mismatches below, with the config value that disagrees
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        check_loaded_weights(model, info, pretrained_model_name_or_path)
+        return (model, info) if wants_info else model
+
     @classmethod
     def from_target(
         cls,
@@ -338,7 +367,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
             `DFlashContextCache`); receives context and block keys/values, the caller crops the block.
             `past_key_values` is accepted as the pre-5.24 name of the same argument.
         retrace_memory: previous-round memory aligned to the query stream (ReTrace drafters only).
-        Returns `last_hidden_state` (b, q, H) after the final norm.
+        Returns `last_hidden_state` (b, q, H) after the final norm, in the dtype of `noise_embeds`: transformers'
+        built-in DFlash path embeds with the target and applies the target's LM head to it directly.
         """
         cache = cache if cache is not None else past_key_values
         bsz, q_len, hidden = noise_embeds.shape
@@ -359,7 +389,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
     def context_features(self, hidden_states, num_positions: int | None = None) -> torch.Tensor:
@@ -427,14 +457,19 @@ class DFlashDrafter(DFlashPreTrainedModel):
         if input_ids is not None:
             _check_single_sequence(input_ids)
 
-    def make_candidate_generator(self, target, generation_config, logits_processor, model_kwargs):
-        """Builds the candidate generator that travelled with this drafter's code (used by the generate() dispatch)."""
+    def make_candidate_generator(self, target, generation_config, logits_processor, model_kwargs,
+                                 stopping_criteria=None):
+        """Builds the candidate generator that travelled with this drafter's code (used by the generate() dispatch).
+
+        `stopping_criteria`: the call's criteria; drafts are cut so that none fires inside a round.
+        """
         return DFlashCandidateGenerator(
             drafter=self,
             target=target,
             generation_config=generation_config,
             logits_processor=logits_processor,
             model_kwargs=model_kwargs,
+            stopping_criteria=stopping_criteria,
         )
 
 
@@ -445,6 +480,56 @@ def context_features(hidden_states, target_layer_ids, num_positions: int | None 
     The one definition shared by the candidate generator and the training objective.
     """
     return torch.cat([hidden_states[i + 1][:, :num_positions] for i in target_layer_ids], dim=-1)
+
+
+def check_loaded_weights(drafter, info: dict, source) -> None:
+    """Raises a ValueError naming the keys and the config value when a checkpoint does not fill the drafter."""
+    config = drafter.config
+    missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
+    mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
+    if missing and missing == {k for k in drafter.state_dict() if k.startswith("retrace.")}:
+        missing = set()  # a DFlash checkpoint loaded with retrace=True: zero-initialised ReTrace weights
+    if not (missing or unexpected or mismatched):
+        return
+
+    def layer_ids(keys):
+        return {int(k.split(".")[1]) for k in keys if k.startswith("layers.")}
+
+    problems = []
+    if layer_ids(missing) or layer_ids(unexpected):
+        n = min(layer_ids(missing)) if layer_ids(missing) else max(layer_ids(unexpected)) + 1
+        problems.append(
+            f"config num_hidden_layers={config.num_hidden_layers} (1 when config.json has none) but the checkpoint "
+            f"has {n} decoder layers (layers.0-{n - 1}.*): set \"num_hidden_layers\": {n} in config.json"
+        )
+    if "fc.weight" in mismatched and mismatched["fc.weight"][0][0] == mismatched["fc.weight"][1][0]:
+        ckpt, shape = mismatched.pop("fc.weight")  # (H, n*H): only the number of target features differs
+        ids = config.target_layer_ids
+        problems.append(
+            f"fc.weight in the checkpoint {list(ckpt)} takes {ckpt[1] // config.hidden_size} target features but "
+            f"config target_layer_ids={ids} ({len(ids)} features; derived from num_target_layers when config.json "
+            "has none) gives " + f"{list(shape)}: set target_layer_ids (z-lab layout: dflash_config.target_layer_ids) "
+            "to the target layers the drafter was trained on"
+        )
+    if any(k.startswith("retrace.") for k in unexpected) and not config.retrace:
+        problems.append("the checkpoint has ReTrace weights (retrace.*) but config retrace=False: load it with "
+                        "retrace=True (or set \"retrace\": true in config.json)")
+    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.")))
+    other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
+    other += sorted(k for k in missing if k.startswith("retrace."))
+    if other:
+        problems.append(
+            f"weights that do not fit: {', '.join(other[:8])}{' ...' if len(other) > 8 else ''}; check the shape "
+            "fields of config.json (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, "
+            "head_dim, retrace) against the checkpoint"
+        )
+    keys = sorted(missing | unexpected)
+    raise ValueError(
+        f"The checkpoint in {source} does not fill this DFlashDrafter: " + "; ".join(problems)
+        + (f". Missing: {sorted(missing)[:6]}" if missing else "")
+        + (f". Unexpected: {sorted(unexpected)[:6]}" if unexpected else "")
+        + ("" if len(keys) <= 6 else f" ({len(keys)} keys in all)") + "."
+    )
 
 
 def _as_bool_mask(attention_mask, q_len):

@@ -11,14 +11,21 @@ Either way the fields transformers' built-in DFlash path reads (`block_size`, `m
 `target_layer_ids`) end up at the top level.
 """
 
+import numbers
+
 from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+PROPOSAL_POLICIES = ("argmax", "sample")
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block size
 
 
 def check_block_size(block_size: int) -> int:
-    if block_size < 2:
-        raise ValueError(f"block_size must be >= 2 (one anchor and at least one proposal slot), got {block_size}.")
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 2:
+        raise ValueError(
+            f"block_size must be >= 2 (an int: one anchor and at least one proposal slot), got {block_size!r}."
+        )
     return int(block_size)
 
 
@@ -29,7 +36,27 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
     if num_features == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4
-    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    ids = [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    if not all(0 <= i < num_target_layers for i in ids):
+        raise ValueError(
+            f"DFlash's default rule gives target_layer_ids {ids} for {num_features} features of a {num_target_layers}-"
+            f"layer target, outside its layers 0..{num_target_layers - 1}: pass target_layer_ids explicitly "
+            f"(e.g. {list(range(min(num_features, num_target_layers)))}) or use fewer target features."
+        )
+    return ids
+
+
+def check_option(name: str, value) -> None:
+    """Raises for a value of an enumerated or bounded field that no drafter can run with."""
+    if name == "proposal_policy" and value not in PROPOSAL_POLICIES:
+        raise ValueError(
+            f"proposal_policy must be {' or '.join(map(repr, PROPOSAL_POLICIES))}, got {value!r}: 'argmax' proposes "
+            "each slot's most likely token (exact under rejection sampling), 'sample' draws each slot."
+        )
+    if name == "block_size":
+        check_block_size(value)
+    if name == "hidden_act" and value not in ACT2FN:
+        raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
 
 class DFlashConfig(PretrainedConfig):
@@ -109,9 +136,7 @@ class DFlashConfig(PretrainedConfig):
 
         rope_theta = _pop_qwen3_layout(kwargs, rope_theta)
 
-        if proposal_policy not in ("argmax", "sample"):
-            raise ValueError(f"proposal_policy must be 'argmax' or 'sample', got {proposal_policy!r}.")
-        self.block_size = check_block_size(block_size)
+        self.block_size = block_size  # checked, as every option, by __setattr__
         self.mask_token_id = mask_token_id
         self.num_target_layers = num_target_layers
         self.hidden_size = hidden_size
@@ -138,6 +163,12 @@ class DFlashConfig(PretrainedConfig):
             target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
         super().__init__(**kwargs)
+
+    def __setattr__(self, key, value):
+        # Every assignment is checked: in __init__, by from_pretrained(..., proposal_policy=...) (which sets
+        # attributes after construction) and by `drafter.config.proposal_policy = ...` after loading.
+        check_option(key, value)
+        super().__setattr__(key, value)
 
     def to_dict(self) -> dict:
         out = super().to_dict()
@@ -176,4 +207,7 @@ def _pop_qwen3_layout(kwargs: dict, rope_theta: float) -> float:
     return float(rope_parameters.get("rope_theta", rope_theta))
 
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "DFlashConfig", "check_block_size", "default_target_layer_ids"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "DFlashConfig", "PROPOSAL_POLICIES", "check_block_size", "check_option",
+    "default_target_layer_ids",
+]

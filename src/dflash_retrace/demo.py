@@ -61,8 +61,9 @@ def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROM
         "speedup": plain_time / spec_time,
         "identical_to_plain": True,
     }
+    tau = "none (no rounds)" if result["tau"] is None else f"{result['tau']:.2f}"
     print(
-        f"\n\n{new_tokens} new tokens in {stats.num_rounds} rounds: τ = {result['tau']:.2f} tokens per target "
+        f"\n\n{new_tokens} new tokens in {stats.num_rounds} rounds: τ = {tau} tokens per target "
         f"forward (bonus included)\nspeculative {spec_time:.2f} s, plain generate() {plain_time:.2f} s: "
         f"speedup {result['speedup']:.2f}x (same run, same prompt, identical output)"
     )

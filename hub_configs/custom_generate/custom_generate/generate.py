@@ -6,9 +6,11 @@ transformers loads this file and calls `generate(model=target, **every generate(
 transformers' own `generate()` unchanged, with one difference scoped to this call and this model: the
 target's `_get_candidate_generator` is shadowed on the instance by one that returns the drafter's own
 candidate generator (`drafter.make_candidate_generator`, the code that travelled with its weights, the
-same object the drop-in path builds). Verification, sampling, stopping, streaming and outputs stay
-transformers'; the class-level `generate()` hook that loading a drafter installs is neither read nor
-changed, so this works when it is uninstalled. Needs no module of its own beyond this file.
+same object the drop-in path builds), and `_get_stopping_criteria` by one that hands the call's stopping
+criteria to it (drafts are cut so that no criterion fires inside a round). Verification, sampling,
+stopping, streaming and outputs stay transformers'; the class-level `generate()` hook that loading a
+drafter installs is neither read nor changed, so this works when it is uninstalled. Needs no module of
+its own beyond this file.
 
 The checks are the drafter's own (`drafter.check_generation`, the payload function the dispatch runs): beam
 search, several return sequences, batch size > 1 and other speculation methods in the same call (prompt lookup,
@@ -19,9 +21,24 @@ Not thread-safe for concurrent `generate()` calls on the same target instance (t
 instance, for the duration of the call).
 """
 
-from transformers import GenerationConfig
+import inspect
+
+import torch
+from transformers import GenerationConfig, StoppingCriteriaList
 
 _MISSING = object()
+
+
+class _AfterPrompt(StoppingCriteriaList):
+    """The call's stopping criteria, never asked about the bare prompt (plain decoding never asks either):
+    transformers 5.15 asks them about the first iteration's candidate, which is the prompt alone."""
+
+    prompt_length = 0  # set once the prompt is known (when the candidate generator is built)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] <= self.prompt_length:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return super().__call__(input_ids, scores, **kwargs)
 
 
 def _dflash_drafter(assistant_model):
@@ -45,7 +62,7 @@ def _dflash_drafter(assistant_model):
 def generate(model, *args, **kwargs):
     assistant_model = kwargs.pop("assistant_model", None)
     drafter = _dflash_drafter(assistant_model)
-    built = []
+    built, criteria = [], []
     validate = model._validate_generation_mode
 
     def _validate_generation_mode(*call_args, **call_kwargs):  # every mode passes here, with the final config
@@ -54,16 +71,25 @@ def generate(model, *args, **kwargs):
         drafter.check_target(model)
         return validate(*call_args, **call_kwargs)
 
+    def _get_stopping_criteria(*a, **k):
+        criteria.append(_AfterPrompt(type(model)._get_stopping_criteria(model, *a, **k)))
+        return criteria[-1]
+
     def _get_candidate_generator(**call):  # transformers passes every argument by keyword
         drafter.check_generation(call["generation_config"], call["input_ids"])
+        extra = {}
+        if criteria and "stopping_criteria" in inspect.signature(drafter.make_candidate_generator).parameters:
+            criteria[-1].prompt_length = call["input_ids"].shape[1]
+            extra["stopping_criteria"] = criteria[-1]
         generator = drafter.make_candidate_generator(
-            model, call["generation_config"], call["logits_processor"], call["model_kwargs"]
+            model, call["generation_config"], call["logits_processor"], call["model_kwargs"], **extra
         )
         built.append(generator)
         return generator
 
     shadows = {"_validate_generation_mode": _validate_generation_mode,
-               "_get_candidate_generator": _get_candidate_generator}
+               "_get_candidate_generator": _get_candidate_generator,
+               "_get_stopping_criteria": _get_stopping_criteria}
     previous = {name: model.__dict__.get(name, _MISSING) for name in shadows}
     model.__dict__.update(shadows)
     try:

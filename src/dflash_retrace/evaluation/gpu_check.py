@@ -285,8 +285,9 @@ def _measure(target, drafter, prompts, max_new_tokens, timer, say) -> dict:
         log["rows"].append({"prompt_tokens": ids.shape[1], "new_tokens": len(tokens), "rounds": stats.num_rounds,
                             "tau": stats.mean_acceptance_length, "identical": check["first_divergence"][0] is None,
                             "first_divergence": check["first_divergence"][0]})
+        tau = "none (no rounds)" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
         say(f"prompt {i + 1}/{len(prompts)}: {ids.shape[1]} prompt tokens, identical={log['rows'][-1]['identical']}, "
-            f"tau={stats.mean_acceptance_length:.2f}")
+            f"tau={tau}")
     return log
 
 

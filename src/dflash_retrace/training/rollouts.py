@@ -50,8 +50,9 @@ def recording_rounds(drafter):
     the drafter or None) per round to the yielded list. `drafter` is the library's `DFlashDrafter` (unwrapped)."""
     rounds = []
 
-    def make_candidate_generator(target, generation_config, logits_processor, model_kwargs):
-        return _RecordingGenerator(drafter, target, generation_config, logits_processor, model_kwargs, rounds=rounds)
+    def make_candidate_generator(target, generation_config, logits_processor, model_kwargs, stopping_criteria=None):
+        return _RecordingGenerator(drafter, target, generation_config, logits_processor, model_kwargs,
+                                   stopping_criteria=stopping_criteria, rounds=rounds)
 
     drafter.make_candidate_generator = make_candidate_generator  # the dispatch asks the drafter for its generator
     try:
