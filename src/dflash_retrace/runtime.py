@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from . import __version__
-from .assets import resolve_model
+from .assets import folder_or_hub_id, model_not_found, resolve_model
 from .modeling_dflash import DFlashDrafter
 
 __all__ = ["apply_chat_template", "cudnn_sdpa", "encode_messages", "encode_prompt", "environment", "eos_token_ids",
@@ -57,8 +57,13 @@ def load_target(name_or_path, device: str | torch.device | None = "auto", dtype:
 
     path = resolve_model(name_or_path)
     device = resolve_device(device)
-    target = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()
-    return target, AutoTokenizer.from_pretrained(path)
+    dtype = resolve_dtype(dtype, device)
+    try:
+        target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / "couldn't connect"
+        raise model_not_found(os.fspath(name_or_path), err) from err
+    return target, tokenizer
 
 
 def load_drafter(spec, target=None, seed: int = 0) -> DFlashDrafter:
@@ -100,7 +105,7 @@ def _load_saved_drafter(spec) -> DFlashDrafter:
                 f"{folder} has a config but no weights (a template?). Train a drafter from it first: "
                 f"`dflash-retrace train --init {folder} ...`, then use the trained folder."
             )
-    return DFlashDrafter.from_pretrained(os.fspath(spec), dtype="auto")
+    return DFlashDrafter.from_pretrained(folder_or_hub_id(os.fspath(spec)), dtype="auto")
 
 
 def eos_token_ids(target, tokenizer=None) -> list:
