@@ -151,8 +151,12 @@ def _check_schema(report, methods):
             assert m[key] is not None, (name, key)
         if name != "plain":
             for key in ("speedup", "decode_speedup", "agreement", "tau_pooled", "tau_prompt_mean", "histogram",
-                        "per_slot", "num_rounds", "ms_per_round"):
+                        "per_slot", "num_rounds", "ms_per_round", "speedup_spread", "measurement_fault"):
                 assert key in m, (name, key)
+            # a speedup above its bound τ is never reported as a result
+            assert (m["measurement_fault"] is not None) == (m["speedup"] > (m["tau_pooled"] or 1.0)), (name, m)
+            spread = m["speedup_spread"]
+            assert spread["n"] == m["num_ok"] and spread["min"] <= spread["median"] <= spread["max"]
             B = report["config"]["block_size"]
             assert m["histogram"]["lengths"] == list(range(1, B + 1))
             assert len(m["per_slot"]["rate"]) == B - 1
@@ -197,6 +201,8 @@ def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     spec = report["summary"]["methods"]["speculative"]
     assert spec["agreement"]["exact_rate"] == 1.0
     assert spec["tau_pooled"] > 1.2, "the briefly trained drafter should accept something"
+    text = format_report(report)
+    assert "speedup per prompt (speculative): " in text
     two = next(r for r in report["prompts"] if r["id"] == "two-turn")
     assert two["turns"] == 2 and two["prompt_tokens"][1] > two["prompt_tokens"][0] + 2  # answer fed back
     assert report["summary"]["num_prompts"] == 4

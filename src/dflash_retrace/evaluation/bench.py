@@ -14,8 +14,10 @@ Definitions (also written into the JSON under "definitions"):
 - prefill (time to first token) is timed by a separate `target.generate(max_new_tokens=1)` on the same
   ids (generate()'s setup included) and shared by all methods; decode time = end-to-end time - prefill;
 - speedup = end-to-end time of `plain` / time of the method, summed over prompts both completed
-  (equal to the tokens/s ratio when the outputs are identical, as under greedy decoding);
-- warm-up calls are excluded; on CUDA the device is synchronised before every clock read.
+  (equal to the tokens/s ratio when the outputs are identical, as under greedy decoding); its spread is the
+  per-prompt ratios' min / median / max, and a speedup above its bound τ is flagged as a measurement fault;
+- methods run in turn on each prompt, in reverse order on every other prompt; warm-up calls are excluded;
+  on CUDA the device is synchronised before every clock read.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..config_cli import add_config_arguments, config_from_args, option
 from ..prompts import load_prompts
 from ..runtime import DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
 from .methods import BUILTIN, PLAIN, REFERENCE, SPECULATIVE, Methods, clock
-from .metrics import agreement, summarize_rounds
+from .metrics import agreement, speedup_bound_fault, spread, summarize_rounds
 from .report import format_report, plot_results
 
 __all__ = ["BenchConfig", "register_cli", "run_benchmark"]
@@ -60,6 +62,9 @@ DEFINITIONS = {
     "decode_s": "total_s - prefill_s",
     "tokens_per_s": "new tokens / total_s; decode_tokens_per_s: (new tokens - turns) / decode_s",
     "speedup": "sum of plain total_s / sum of the method's total_s over prompts both completed",
+    "speedup_spread": "min / median / max over prompts of plain total_s / the method's total_s",
+    "measurement_fault": "set when a speedup exceeds its bound tau_pooled (1 without rounds): a round commits at most "
+                         "tau tokens for at least one plain decode step's cost, so such a figure is a timing fault",
     "agreement": "exact_rate: prompts whose tokens equal plain's; prefix_rate: tokens before the first divergence "
                  "/ tokens of the longer output, pooled",
     "multi_turn": "later turns are rendered with plain generate's earlier answers, so every method sees the same ids",
@@ -170,7 +175,7 @@ def _run_prompt(methods: Methods, names: list, item: dict, index: int, tokenizer
             break
         prompt_tokens.append(input_ids.shape[1])
         plain_before = len(rows[PLAIN].new_ids)
-        for name in names:
+        for name in (names if index % 2 == 0 else names[::-1]):  # alternate the order: no method always first
             row = rows[name]
             if row.error:
                 continue
@@ -246,11 +251,14 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
             pair = [prompt_rows[i] for i in both]
             summary["speedup"] = _ratio(_sum(pair, PLAIN, "total_s"), _sum(pair, name, "total_s"))
             summary["decode_speedup"] = _ratio(_sum(pair, PLAIN, "decode_s"), _sum(pair, name, "decode_s"))
+            summary["speedup_spread"] = spread([_ratio(p["methods"][PLAIN]["total_s"], p["methods"][name]["total_s"])
+                                                for p in pair])
             check = agreement([all_rows[i][PLAIN].new_ids for i in both], [all_rows[i][name].new_ids for i in both])
             summary["agreement"] = {k: check[k] for k in ("num_prompts", "exact_rate", "prefix_rate")}
             summary.update(summarize_rounds([p["methods"][name]["acceptance_lengths"] for p in ok],
                                             [p["methods"][name]["num_proposals"] for p in ok], block_sizes[name]))
             summary["ms_per_round"] = _ratio(1000 * decode_s, summary["num_rounds"])
+            summary["measurement_fault"] = speedup_bound_fault(summary["speedup"], summary.get("tau_pooled"))
         methods[name] = summary
 
     overhead = {}

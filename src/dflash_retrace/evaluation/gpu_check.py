@@ -10,7 +10,9 @@ it runs plain `target.generate()` and `target.generate(assistant_model=drafter)`
   (round wall time minus those), against one plain decode step (a 1-token target forward in plain generate);
 - peak GPU memory.
 The drafter is untrained, so τ ≈ 1 and the speedup is below 1: this checks cost, not acceptance.
-`--small` (automatic without CUDA) runs the same code at tiny shapes on the CPU, in fp32.
+Plain and speculative runs alternate in order prompt by prompt; the per-prompt speedups' spread is reported,
+and a speedup above its bound τ is reported as a measurement fault (see `metrics.speedup_bound_fault`).
+`--small` (required without CUDA) runs the same code at tiny shapes on the CPU, in fp32.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..modeling_dflash import DFlashDrafter
 from ..runtime import cudnn_sdpa as _cudnn_sdpa
 from ..runtime import environment, resolve_device, resolve_dtype
 from ..templates import TEMPLATES, template_config
-from .metrics import agreement, summarize_rounds
+from .metrics import agreement, speedup_bound_fault, spread, summarize_rounds
 
 __all__ = ["run_gpu_check", "format_gpu_check", "register_cli", "SHAPES"]
 
@@ -188,9 +190,12 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
     notes = []
     device = resolve_device(device)
     if small is None:
-        small = device.type != "cuda"
-        if small:
-            notes.append("no CUDA device: ran the --small shapes on the CPU")
+        if device.type != "cuda":
+            raise ValueError(
+                f"no CUDA device (device {device}): gpu-check measures Qwen3-8B shapes on a GPU. Pass --small to run "
+                "the same code at tiny shapes on the CPU."
+            )
+        small = False
     shape = "small" if small else "qwen3-8b"
     dtype = resolve_dtype(dtype or ("float32" if device.type == "cpu" else "bfloat16"), device)
     spec = SHAPES[shape]
@@ -220,6 +225,9 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
         torch.cuda.reset_peak_memory_stats(device)
 
     log = _measure(target, drafter, prompts, max_new_tokens, timer, say)
+    results = _results(log, drafter.config.block_size)
+    if results["throughput"]["measurement_fault"]:
+        say(results["throughput"]["measurement_fault"])
     memory = {"weights_gib": weights_gib}
     if device.type == "cuda":
         memory["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -238,7 +246,7 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
         "environment": environment(device, dtype, seed),
         "notes": notes + ["random weights, untrained drafter: tau ~ 1 and speedup < 1 are expected; this checks "
                           "cost and correctness plumbing, not acceptance"],
-        **_results(log, drafter.config.block_size),
+        **results,
         "memory": memory,
         "prompts": log["rows"],
         "elapsed_s": time.perf_counter() - start,
@@ -251,44 +259,56 @@ def _run(small, device, dtype, num_prompts, max_new_tokens, seed, output, progre
 
 
 def _measure(target, drafter, prompts, max_new_tokens, timer, say) -> dict:
-    """Plain and speculative generate on every prompt, with the forward-level timings of each."""
+    """Plain and speculative generate on every prompt, in alternating order, with the forward-level timings of each."""
     log = {key: [] for key in ("plain_out", "spec_out", "rows", "decode_steps", "plain_walls", "verify_full",
-                               "verify_all", "drafts", "heads", "round_walls", "lengths", "proposals")}
+                               "verify_all", "drafts", "heads", "round_walls", "lengths", "proposals",
+                               "prompt_speedups")}
     log["plain_total"] = log["spec_total"] = 0.0
-    block_size = drafter.config.block_size
     for i, ids in enumerate(prompts):
-        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=False)
-        target_ms = [ms for kind, _, ms in records if kind == "target"]
-        steps = target_ms[1:]  # the first forward is the prefill
-        log["decode_steps"] += steps
-        log["plain_walls"].append((total_ms - target_ms[0]) / max(1, len(steps)))
-        log["plain_out"].append(tokens)
-        log["plain_total"] += total_ms
-
-        drafter.last_stats = None
-        tokens, total_ms, records = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative=True)
-        stats = drafter.last_stats
+        # Alternate which run goes first, so a slow phase of the machine does not always hit the same one.
+        timed, stats = {}, None
+        for speculative in ((False, True) if i % 2 == 0 else (True, False)):
+            drafter.last_stats = None
+            timed[speculative] = _timed_generate(target, drafter, ids, max_new_tokens, timer, speculative)
+            if speculative:
+                stats = drafter.last_stats
         if stats is None:
             raise RuntimeError("generate(assistant_model=drafter) did not run the DFlash candidate generator")
-        forwards = [(n, ms) for kind, n, ms in records if kind == "target"]
-        verifies = forwards[1:]  # forwards[0] is the prefill
-        log["verify_all"] += [ms for _, ms in verifies]
-        log["verify_full"] += [ms for n, ms in verifies if n == block_size]
-        log["drafts"] += [ms for kind, _, ms in records if kind == "draft"]
-        log["heads"] += [ms for kind, _, ms in records if kind == "head"]
-        log["round_walls"].append((total_ms - forwards[0][1]) / max(1, len(verifies)))
-        log["spec_out"].append(tokens)
-        log["spec_total"] += total_ms
-        log["lengths"].append(list(stats.acceptance_lengths))
-        log["proposals"].append(list(stats.num_proposals))
-        check = agreement([log["plain_out"][-1]], [tokens])
-        log["rows"].append({"prompt_tokens": ids.shape[1], "new_tokens": len(tokens), "rounds": stats.num_rounds,
-                            "tau": stats.mean_acceptance_length, "identical": check["first_divergence"][0] is None,
+        log["prompt_speedups"].append(timed[False][1] / timed[True][1])
+        _log_plain(log, *timed[False])
+        _log_speculative(log, *timed[True], stats, drafter.config.block_size)
+        check = agreement([log["plain_out"][-1]], [log["spec_out"][-1]])
+        log["rows"].append({"prompt_tokens": ids.shape[1], "new_tokens": len(log["spec_out"][-1]),
+                            "rounds": stats.num_rounds, "tau": stats.mean_acceptance_length,
+                            "identical": check["first_divergence"][0] is None,
                             "first_divergence": check["first_divergence"][0]})
         tau = "none (no rounds)" if stats.mean_acceptance_length is None else f"{stats.mean_acceptance_length:.2f}"
         say(f"prompt {i + 1}/{len(prompts)}: {ids.shape[1]} prompt tokens, identical={log['rows'][-1]['identical']}, "
             f"tau={tau}")
     return log
+
+
+def _log_plain(log: dict, tokens, total_ms, records) -> None:
+    target_ms = [ms for kind, _, ms in records if kind == "target"]
+    steps = target_ms[1:]  # the first forward is the prefill
+    log["decode_steps"] += steps
+    log["plain_walls"].append((total_ms - target_ms[0]) / max(1, len(steps)))
+    log["plain_out"].append(tokens)
+    log["plain_total"] += total_ms
+
+
+def _log_speculative(log: dict, tokens, total_ms, records, stats, block_size: int) -> None:
+    forwards = [(n, ms) for kind, n, ms in records if kind == "target"]
+    verifies = forwards[1:]  # forwards[0] is the prefill
+    log["verify_all"] += [ms for _, ms in verifies]
+    log["verify_full"] += [ms for n, ms in verifies if n == block_size]
+    log["drafts"] += [ms for kind, _, ms in records if kind == "draft"]
+    log["heads"] += [ms for kind, _, ms in records if kind == "head"]
+    log["round_walls"].append((total_ms - forwards[0][1]) / max(1, len(verifies)))
+    log["spec_out"].append(tokens)
+    log["spec_total"] += total_ms
+    log["lengths"].append(list(stats.acceptance_lengths))
+    log["proposals"].append(list(stats.num_proposals))
 
 
 def _results(log: dict, block_size: int) -> dict:
@@ -301,6 +321,7 @@ def _results(log: dict, block_size: int) -> dict:
     rel = lambda v: None if v is None or not decode_ms else v / decode_ms  # noqa: E731
     check = agreement(log["plain_out"], log["spec_out"])
     rounds = summarize_rounds(log["lengths"], log["proposals"], block_size)
+    speedup = log["plain_total"] / log["spec_total"]
     return {
         "agreement": {"exact_rate": check["exact_rate"], "prefix_rate": check["prefix_rate"],
                       "all_identical": check["exact_rate"] == 1.0, "first_divergence": check["first_divergence"]},
@@ -321,7 +342,9 @@ def _results(log: dict, block_size: int) -> dict:
         },
         "throughput": {"plain_tokens_per_s": sum(map(len, log["plain_out"])) / (log["plain_total"] / 1000),
                        "speculative_tokens_per_s": sum(map(len, log["spec_out"])) / (log["spec_total"] / 1000),
-                       "speedup": log["plain_total"] / log["spec_total"]},
+                       "speedup": speedup,
+                       "speedup_spread": spread(log["prompt_speedups"]),  # per-prompt plain / speculative time
+                       "measurement_fault": speedup_bound_fault(speedup, rounds["tau_pooled"])},  # else None
     }
 
 
@@ -344,10 +367,17 @@ def format_gpu_check(report: dict) -> str:
     lines.append(f"greedy agreement with plain: exact {f(agree['exact_rate'], '.0%')} of prompts, prefix "
                  f"{f(agree['prefix_rate'], '.1%')} of tokens (all identical: {agree['all_identical']})")
     lines.append(f"tau pooled {f(report['acceptance']['tau_pooled'], '.3f')} over {report['acceptance']['num_rounds']} rounds | "
-                 f"speedup {f(report['throughput']['speedup'], '.3f')} (untrained drafter) | peak memory "
+                 f"speedup {f(report['throughput']['speedup'], '.3f')} (untrained drafter; per prompt "
+                 f"{_spread_text(report['throughput'].get('speedup_spread'))}) | peak memory "
                  f"{f(peak)} GiB ({'GPU allocated' if 'peak_allocated_gib' in mem else 'process RSS'}) | "
                  f"{report['elapsed_s']:.0f} s")
+    if report["throughput"].get("measurement_fault"):
+        lines.append(report["throughput"]["measurement_fault"])
     return "\n".join(lines)
+
+
+def _spread_text(values: dict | None) -> str:
+    return "-" if not values else f"{values['min']:.3f}..{values['max']:.3f}, median {values['median']:.3f}"
 
 
 def _cli(args) -> int:
@@ -366,7 +396,7 @@ def register_cli(subparsers) -> None:
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     p.add_argument("--output", default="gpu_check.json", help="JSON report path (default: gpu_check.json)")
-    p.add_argument("--small", action="store_true", help="tiny shapes (automatic without CUDA)")
+    p.add_argument("--small", action="store_true", help="tiny shapes on the CPU, fp32 (required without CUDA)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:1, cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--num-prompts", type=int, default=None, help="default: 4 (3 with --small)")

@@ -16,6 +16,8 @@ __all__ = [
     "agreement",
     "check_rounds",
     "per_slot_acceptance",
+    "speedup_bound_fault",
+    "spread",
     "summarize_rounds",
     "tau_pooled",
     "tau_prompt_mean",
@@ -129,3 +131,28 @@ def agreement(reference: list, outputs: list) -> dict:
         "prefix_rate": common / total if total else math.nan,
         "first_divergence": firsts,
     }
+
+
+def speedup_bound_fault(speedup: float | None, tau: float | None) -> str | None:
+    """A message if `speedup` exceeds its τ-bound (a measurement fault), else None.
+
+    A speculative run commits at most τ tokens per target forward (bonus included; τ = 1 with no rounds), and a
+    verification forward costs at least one plain decode step, so speedup <= τ. A figure above it means the two
+    runs were not timed under the same conditions (load from other processes, clocks, warm-up): not a result.
+    """
+    bound = 1.0 if tau is None or math.isnan(tau) else tau
+    if speedup is None or speedup <= bound:
+        return None
+    return (f"MEASUREMENT FAULT: speedup {speedup:.3f} is above its bound τ = {bound:.3f} (a round commits at most τ "
+            "tokens for at least one plain step's cost): the runs were timed under different conditions (load?); "
+            "rerun on an idle machine")
+
+
+def spread(values: list) -> dict | None:
+    """min / median / max of per-prompt figures (None without any)."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return {"min": values[0], "median": median, "max": values[-1], "n": len(values)}

@@ -41,6 +41,12 @@ def format_report(report: dict) -> str:
                  f"{_fmt(summary['prefill_ms_mean'], '.1f')} ms per turn; decode = total - prefill")
     lines.append("τ pooled = mean over all rounds; τ prompt = mean of per-prompt means; '= plain' = prompts whose "
                  "tokens equal plain generate's")
+    for name, m in summary["methods"].items():
+        if m.get("speedup_spread"):
+            sp = m["speedup_spread"]
+            lines.append(f"speedup per prompt ({name}): {sp['min']:.3f}..{sp['max']:.3f}, median {sp['median']:.3f}")
+        if m.get("measurement_fault"):
+            lines.append(f"{name}: {m['measurement_fault']}")
     for name, spec in summary["methods"].items():
         if not name.startswith(SPECULATIVE) or not spec.get("histogram"):
             continue
