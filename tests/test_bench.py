@@ -1,7 +1,6 @@
 """Benchmark: metric functions on hand-built round logs, and a bench run on a tiny random target and drafter."""
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ PROPOSALS = [[3, 3, 3], [2], []]
 def test_tau_pooled_and_prompt_mean_differ_as_defined():
     assert tau_pooled(LENGTHS) == pytest.approx((1 + 4 + 2 + 3) / 4)  # 2.5: every round weighs the same
     assert tau_prompt_mean(LENGTHS) == pytest.approx(((1 + 4 + 2) / 3 + 3) / 2)  # 2.667: prompt C has no rounds
-    assert math.isnan(tau_pooled([[], []])) and math.isnan(tau_prompt_mean([]))
+    assert tau_pooled([[], []]) is None and tau_prompt_mean([]) is None  # no rounds: None, as DFlashStats says
 
 
 def test_histogram_counts_lengths_1_to_b():
@@ -203,6 +202,7 @@ def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     assert spec["tau_pooled"] > 1.2, "the briefly trained drafter should accept something"
     text = format_report(report)
     assert "speedup per prompt (speculative): " in text
+    assert "greedy output identical to plain generate() (float32: must be 100% (exact)): speculative 100%" in text
     two = next(r for r in report["prompts"] if r["id"] == "two-turn")
     assert two["turns"] == 2 and two["prompt_tokens"][1] > two["prompt_tokens"][0] + 2  # answer fed back
     assert report["summary"]["num_prompts"] == 4
@@ -363,3 +363,18 @@ def test_bench_table_paired_bootstrap():
     point = bench_table._tau(row["per_prompt"]["retrace"]) / bench_table._tau(den)
     assert 1.0 < lo < point < hi
     assert bench_table.bootstrap_ratio([row], "no_memory", "dflash") is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_demo_reports_identical_output(tiny_assets, capsys, dtype):
+    """The demo says whether the speculative output equals plain generate() (exact in fp32, near-ties in bf16)."""
+    from dflash_retrace.demo import run_demo
+
+    result = run_demo(str(tiny_assets / "target"), str(tiny_assets / "drafter"), prompt="w10 w11 w12",
+                      max_new_tokens=12, stream=False, dtype=dtype)
+    printed = capsys.readouterr().out
+    assert result["dtype"] == dtype and isinstance(result["identical_to_plain"], bool)
+    assert f"output ({dtype}): " in printed
+    if dtype == "float32":
+        assert result["identical_to_plain"] and result["first_difference"] is None
+    assert (result["measurement_fault"] is not None) == (result["speedup"] > (result["tau"] or 1.0))

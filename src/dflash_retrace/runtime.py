@@ -1,5 +1,5 @@
 """What every command needs, defined once: devices and dtypes, loading a target and a drafter, EOS ids,
-prompt encoding, the environment record of a measurement, the cuDNN attention switch.
+prompt encoding, the environment record of a measurement, the cuDNN attention switch, the speedup's τ-bound.
 
 Commands (`training`, `evaluation`, `hub`, `demo`) import this module and the payload, never each other.
 """
@@ -7,6 +7,7 @@ Commands (`training`, `evaluation`, `hub`, `demo`) import this module and the pa
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import subprocess
@@ -21,7 +22,8 @@ from .assets import folder_or_hub_id, model_not_found, resolve_model
 from .modeling_dflash import DFlashDrafter
 
 __all__ = ["apply_chat_template", "cudnn_sdpa", "encode_messages", "encode_prompt", "environment", "eos_token_ids",
-           "load_drafter", "load_target", "prompt_messages", "resolve_device", "resolve_dtype", "uses_chat_template"]
+           "load_drafter", "load_target", "prompt_messages", "resolve_device", "resolve_dtype", "speedup_bound_fault",
+           "uses_chat_template"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -185,6 +187,21 @@ def cudnn_sdpa(enabled: bool):
         yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(previous)
+
+
+def speedup_bound_fault(speedup: float | None, tau: float | None) -> str | None:
+    """A message if `speedup` exceeds its τ-bound (a measurement fault), else None.
+
+    A speculative run commits at most τ tokens per target forward (bonus included; τ = 1 with no rounds), and a
+    verification forward costs at least one plain decode step, so speedup <= τ. A figure above it means the two
+    runs were not timed under the same conditions (load from other processes, clocks, warm-up): not a result.
+    """
+    bound = 1.0 if tau is None or math.isnan(tau) else tau
+    if speedup is None or speedup <= bound:
+        return None
+    return (f"MEASUREMENT FAULT: speedup {speedup:.3f} is above its bound τ = {bound:.3f} (a round commits at most τ "
+            "tokens for at least one plain step's cost): the runs were timed under different conditions (load?); "
+            "rerun on an idle machine")
 
 
 def _git(*args: str) -> str | None:

@@ -366,7 +366,9 @@ def format_gpu_check(report: dict) -> str:
     peak = mem.get("peak_allocated_gib", mem.get("peak_rss_gib"))
     lines.append(f"greedy agreement with plain: exact {f(agree['exact_rate'], '.0%')} of prompts, prefix "
                  f"{f(agree['prefix_rate'], '.1%')} of tokens (all identical: {agree['all_identical']})")
-    lines.append(f"tau pooled {f(report['acceptance']['tau_pooled'], '.3f')} over {report['acceptance']['num_rounds']} rounds | "
+    tau = report["acceptance"]["tau_pooled"]
+    lines.append(f"tau pooled {'none (no rounds)' if tau is None else f(tau, '.3f')} over "
+                 f"{report['acceptance']['num_rounds']} rounds | "
                  f"speedup {f(report['throughput']['speedup'], '.3f')} (untrained drafter; per prompt "
                  f"{_spread_text(report['throughput'].get('speedup_spread'))}) | peak memory "
                  f"{f(peak)} GiB ({'GPU allocated' if 'peak_allocated_gib' in mem else 'process RSS'}) | "

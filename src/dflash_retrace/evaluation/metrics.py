@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from ..runtime import speedup_bound_fault  # shared with the demo (a command of its own)
+
 __all__ = [
     "acceptance_histogram",
     "agreement",
@@ -38,17 +40,18 @@ def check_rounds(acceptance_lengths: list, num_proposals: list, block_size: int)
                 raise ValueError(f"prompt {p} round {r}: acceptance length {length} outside 1..{k + 1} ({k} proposals + bonus)")
 
 
-def tau_pooled(acceptance_lengths: list) -> float:
-    """τ as the mean over all rounds of all prompts (long answers weigh more); nan with no rounds."""
+def tau_pooled(acceptance_lengths: list) -> float | None:
+    """τ as the mean over all rounds of all prompts (long answers weigh more); None with no rounds (as
+    `DFlashStats.mean_acceptance_length`)."""
     rounds = [length for lengths in acceptance_lengths for length in lengths]
-    return sum(rounds) / len(rounds) if rounds else math.nan
+    return sum(rounds) / len(rounds) if rounds else None
 
 
-def tau_prompt_mean(acceptance_lengths: list) -> float:
+def tau_prompt_mean(acceptance_lengths: list) -> float | None:
     """τ as the mean over prompts of each prompt's mean (each prompt weighs the same); prompts with
-    no rounds are left out; nan if none has any."""
+    no rounds are left out; None if none has any."""
     means = [sum(lengths) / len(lengths) for lengths in acceptance_lengths if lengths]
-    return sum(means) / len(means) if means else math.nan
+    return sum(means) / len(means) if means else None
 
 
 def acceptance_histogram(acceptance_lengths: list, block_size: int) -> dict:
@@ -131,21 +134,6 @@ def agreement(reference: list, outputs: list) -> dict:
         "prefix_rate": common / total if total else math.nan,
         "first_divergence": firsts,
     }
-
-
-def speedup_bound_fault(speedup: float | None, tau: float | None) -> str | None:
-    """A message if `speedup` exceeds its τ-bound (a measurement fault), else None.
-
-    A speculative run commits at most τ tokens per target forward (bonus included; τ = 1 with no rounds), and a
-    verification forward costs at least one plain decode step, so speedup <= τ. A figure above it means the two
-    runs were not timed under the same conditions (load from other processes, clocks, warm-up): not a result.
-    """
-    bound = 1.0 if tau is None or math.isnan(tau) else tau
-    if speedup is None or speedup <= bound:
-        return None
-    return (f"MEASUREMENT FAULT: speedup {speedup:.3f} is above its bound τ = {bound:.3f} (a round commits at most τ "
-            "tokens for at least one plain step's cost): the runs were timed under different conditions (load?); "
-            "rerun on an idle machine")
 
 
 def spread(values: list) -> dict | None:

@@ -47,6 +47,11 @@ def format_report(report: dict) -> str:
             lines.append(f"speedup per prompt ({name}): {sp['min']:.3f}..{sp['max']:.3f}, median {sp['median']:.3f}")
         if m.get("measurement_fault"):
             lines.append(f"{name}: {m['measurement_fault']}")
+    if config["temperature"] == 0:
+        rates = ", ".join(f"{name} {_fmt(m['agreement']['exact_rate'], '.0%')}"
+                          for name, m in summary["methods"].items() if m.get("agreement"))
+        exact = "must be 100% (exact)" if env["dtype"] == "float32" else "exact only up to near-ties in this dtype"
+        lines.append(f"greedy output identical to plain generate() ({env['dtype']}: {exact}): {rates} of prompts")
     for name, spec in summary["methods"].items():
         if not name.startswith(SPECULATIVE) or not spec.get("histogram"):
             continue
