@@ -193,8 +193,10 @@ def speedup_bound_fault(speedup: float | None, tau: float | None) -> str | None:
     """A message if `speedup` exceeds its τ-bound (a measurement fault), else None.
 
     A speculative run commits at most τ tokens per target forward (bonus included; τ = 1 with no rounds), and a
-    verification forward costs at least one plain decode step, so speedup <= τ. A figure above it means the two
-    runs were not timed under the same conditions (load from other processes, clocks, warm-up): not a result.
+    verification forward costs at least one plain decode step, so its decode rate (tokens/s) is at most τ times
+    plain decoding's. Pass that rate ratio: the time ratio when both runs produced the same tokens, decode rates
+    (prefill excluded) when their outputs differ in length (sampling, bf16 near-ties, EOS). A figure above the
+    bound means the runs were not timed under the same conditions (load, clocks, warm-up): not a result.
     """
     bound = 1.0 if tau is None or math.isnan(tau) else tau
     if speedup is None or speedup <= bound:

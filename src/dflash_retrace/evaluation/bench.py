@@ -15,7 +15,8 @@ Definitions (also written into the JSON under "definitions"):
   ids (generate()'s setup included) and shared by all methods; decode time = end-to-end time - prefill;
 - speedup = end-to-end time of `plain` / time of the method, summed over prompts both completed
   (equal to the tokens/s ratio when the outputs are identical, as under greedy decoding); its spread is the
-  per-prompt ratios' min / median / max, and a speedup above its bound τ is flagged as a measurement fault;
+  per-prompt ratios' min / median / max, and a decode-rate ratio above its bound τ is flagged as a measurement
+  fault;
 - methods run in turn on each prompt, in reverse order on every other prompt; warm-up calls are excluded;
   on CUDA the device is synchronised before every clock read.
 """
@@ -63,8 +64,10 @@ DEFINITIONS = {
     "tokens_per_s": "new tokens / total_s; decode_tokens_per_s: (new tokens - turns) / decode_s",
     "speedup": "sum of plain total_s / sum of the method's total_s over prompts both completed",
     "speedup_spread": "min / median / max over prompts of plain total_s / the method's total_s",
-    "measurement_fault": "set when a speedup exceeds its bound tau_pooled (1 without rounds): a round commits at most "
-                         "tau tokens for at least one plain decode step's cost, so such a figure is a timing fault",
+    "decode_rate_ratio": "the method's decode tokens/s over plain's, over prompts both completed (prefill excluded; "
+                         "valid when outputs differ in length)",
+    "measurement_fault": "set when decode_rate_ratio exceeds its bound tau_pooled (1 without rounds): a round "
+                         "commits at most tau tokens for at least one plain decode step's cost: a timing fault",
     "agreement": "exact_rate: prompts whose tokens equal plain's; prefix_rate: tokens before the first divergence "
                  "/ tokens of the longer output, pooled",
     "multi_turn": "later turns are rendered with plain generate's earlier answers, so every method sees the same ids",
@@ -258,7 +261,10 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
             summary.update(summarize_rounds([p["methods"][name]["acceptance_lengths"] for p in ok],
                                             [p["methods"][name]["num_proposals"] for p in ok], block_sizes[name]))
             summary["ms_per_round"] = _ratio(1000 * decode_s, summary["num_rounds"])
-            summary["measurement_fault"] = speedup_bound_fault(summary["speedup"], summary.get("tau_pooled"))
+            turns = sum(p["turns"] for p in pair)  # decode tokens: each turn's first token is the prefill's
+            rates = [_ratio(_sum(pair, n, "new_tokens") - turns, _sum(pair, n, "decode_s")) for n in (name, PLAIN)]
+            summary["decode_rate_ratio"] = _ratio(rates[0] or 0.0, rates[1] or 0.0)
+            summary["measurement_fault"] = speedup_bound_fault(summary["decode_rate_ratio"], summary.get("tau_pooled"))
         methods[name] = summary
 
     overhead = {}

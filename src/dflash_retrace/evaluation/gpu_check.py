@@ -321,7 +321,7 @@ def _results(log: dict, block_size: int) -> dict:
     rel = lambda v: None if v is None or not decode_ms else v / decode_ms  # noqa: E731
     check = agreement(log["plain_out"], log["spec_out"])
     rounds = summarize_rounds(log["lengths"], log["proposals"], block_size)
-    speedup = log["plain_total"] / log["spec_total"]
+    speedup = log["plain_total"] / log["spec_total"]  # the rate ratio too: no EOS, both runs make max_new_tokens
     return {
         "agreement": {"exact_rate": check["exact_rate"], "prefix_rate": check["prefix_rate"],
                       "all_identical": check["exact_rate"] == 1.0, "first_divergence": check["first_divergence"]},
