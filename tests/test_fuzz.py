@@ -89,7 +89,8 @@ def _case(rng, tokenizer, trained):
         drafter, drafter_name = _random_drafter(rng, target)
         name += " " + drafter_name
     max_positions = target.config.max_position_embeddings
-    prompt = torch.randint(3, VOCAB, (1, rng.randint(1, 12)), generator=torch.Generator().manual_seed(rng.randrange(10_000)))
+    g = torch.Generator().manual_seed(rng.randrange(10_000))
+    prompt = torch.randint(3, VOCAB, (1, rng.randint(1, 12)), generator=g)
     free = target.generate(prompt, do_sample=False, max_new_tokens=12)[0, prompt.shape[1]:].tolist()
     kwargs = _generate_kwargs(rng, prompt.shape[1], max_positions, free, tokenizer)
     return target, drafter, prompt, kwargs, name

@@ -66,7 +66,8 @@ def _set_target_layer_ids(config, ids):
 
 @pytest.mark.parametrize("edit, expected", [
     (lambda c: c.pop("num_hidden_layers"), r"num_hidden_layers=1.*checkpoint has 2 decoder layers.*layers\.1\."),
-    (lambda c: c.__setitem__("num_hidden_layers", 3), r"num_hidden_layers=3.*checkpoint has 2 decoder layers.*layers\.2\."),
+    (lambda c: c.__setitem__("num_hidden_layers", 3),
+     r"num_hidden_layers=3.*checkpoint has 2 decoder layers.*layers\.2\."),
     (lambda c: _set_target_layer_ids(c, [1, 2]), r"fc\.weight.*3 target features.*target_layer_ids=\[1, 2\]"),
     (_drop_target_layer_ids, r"fc\.weight.*3 target features.*target_layer_ids=\[1, 1\] \(2 features.*derived"),
     (lambda c: c.__setitem__("hidden_size", 32), r"hidden_size"),
@@ -114,4 +115,5 @@ def test_default_target_layer_ids_out_of_range_is_an_error():
     shallow = tiny_target("qwen3", seed=5, layers=2)
     with pytest.raises(ValueError, match=r"target_layer_ids \[1, -1\].*2-layer target.*pass target_layer_ids"):
         DFlashDrafter.from_target(shallow, num_hidden_layers=2)
-    assert DFlashDrafter.from_target(shallow, num_hidden_layers=2, target_layer_ids=[0, 1]).config.target_layer_ids == [0, 1]
+    explicit = DFlashDrafter.from_target(shallow, num_hidden_layers=2, target_layer_ids=[0, 1])
+    assert explicit.config.target_layer_ids == [0, 1]

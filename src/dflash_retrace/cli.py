@@ -28,7 +28,8 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dflash-retrace", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error (anywhere on the line)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (accepted anywhere on the line)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register_cli(subparsers)
