@@ -64,6 +64,8 @@ def load_target(name_or_path, device: str | torch.device | None = "auto", dtype:
         target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / "couldn't connect"
+        if Path(path).is_dir():  # a folder that does not load: its own error says why
+            raise
         raise model_not_found(os.fspath(name_or_path), err) from err
     return target, tokenizer
 
