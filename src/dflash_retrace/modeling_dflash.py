@@ -110,6 +110,37 @@ def sdpa_attention(query, key, value, mask, scaling, num_key_value_groups, dropo
 ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
 
 
+@dataclass
+class BlockLocalMask:
+    """The training attention rule in structured form: the query stream is N blocks of `block_size`; block n
+    sees context keys `< anchors[:, n]` (-1: padding, no context) and its own block, nothing else. Same rule as a
+    dense bool mask over [context, blocks], but costs N*B*(T + B) scores instead of N*B*(T + N*B)."""
+
+    anchors: torch.Tensor  # (b, N) long
+    block_size: int
+
+
+def block_local_attention(query, key, value, mask: BlockLocalMask, scaling, num_key_value_groups, dropout=0.0):
+    """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d) with the T context keys first."""
+    bsz, heads, q_len, dim = query.shape
+    B = mask.block_size
+    N, T = q_len // B, key.shape[2] - q_len
+    key = key.repeat_interleave(num_key_value_groups, dim=1)
+    value = value.repeat_interleave(num_key_value_groups, dim=1)
+    ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
+    limit = mask.anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
+    hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
+    ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
+    q_blocks = query.reshape(bsz, heads, N, B, dim)
+    k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
+    own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
+    probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout)
+    own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B), value[:, :, T:].reshape(bsz, heads, N, B, dim))
+    out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
+    return out.transpose(1, 2)  # (b, q, h, d)
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: DFlashConfig, layer_idx: int):
         super().__init__()
@@ -143,7 +174,10 @@ class DFlashAttention(nn.Module):
 
         impl = self.config._attn_implementation or "sdpa"
         dropout = self.config.attention_dropout if self.training else 0.0
-        if impl in ATTENTION_FUNCTIONS:
+        if isinstance(attention_mask, BlockLocalMask):  # training: structured block rule
+            out = block_local_attention(query, key, value, attention_mask, self.scaling, self.num_key_value_groups,
+                                        dropout)
+        elif impl in ATTENTION_FUNCTIONS:
             out = ATTENTION_FUNCTIONS[impl](query, key, value, attention_mask, self.scaling, self.num_key_value_groups, dropout)
         else:  # flash / flex / kernels registered with transformers
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

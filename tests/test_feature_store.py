@@ -1,0 +1,112 @@
+"""Feature store, block-local training attention, greedy-chain labels and the draft vocabulary (tiny models)."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_retrace import DFlashDrafter
+from dflash_retrace.feature_store import FeatureStore, build_feature_store
+from dflash_retrace.modeling_dflash import BlockLocalMask
+from dflash_retrace.store_train import chain_valid, draft_vocabulary
+from dflash_retrace.training_core import block_attention_mask, block_inputs, target_features, target_labels
+from tiny import VOCAB, prompts, tiny_target
+
+
+class _Row:
+    def __init__(self, ids, prompt_len, row_id):
+        self.input_ids = ids
+        self.loss_mask = torch.arange(ids.numel()) >= prompt_len
+        self.row_id = row_id
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3")
+
+
+def _rows(n, length=30):
+    return [_Row(p[0], 6, f"r{i}") for i, p in enumerate(prompts(n, length=length, seed=3))]
+
+
+def test_store_matches_online_features_and_labels(target, tmp_path):
+    rows = _rows(5)
+    manifest = build_feature_store(target, rows, tmp_path, [0, 2, 3], top_k=4, shard_tokens=64, progress=False)
+    assert manifest["num_tokens"] == sum(r.input_ids.numel() for r in rows)
+    assert len(manifest["shards"]) > 1  # rows spread over several shards
+    store = FeatureStore(tmp_path, layer_ids=[3, 0])  # a subset, in another order
+    for i, r in enumerate(rows):
+        got = store[i]
+        ids = r.input_ids[None]
+        feats = target_features(target, ids, [3, 0])[0].to(torch.bfloat16)
+        logits = target(input_ids=ids).logits
+        assert torch.equal(got.input_ids, r.input_ids)
+        assert torch.equal(got.loss_mask, r.loss_mask)
+        assert torch.equal(got.labels, target_labels(ids, logits)[0])
+        assert torch.equal(got.features, feats)
+        assert torch.equal(got.topk_ids[:, 0], logits[0].argmax(-1))
+
+
+def test_store_resumes_without_recomputing(target, tmp_path):
+    rows = _rows(4)
+    build_feature_store(target, rows[:2], tmp_path, [1], progress=False)
+    calls = []
+    hook = target.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        manifest = build_feature_store(target, rows, tmp_path, [1], progress=False)
+    finally:
+        hook.remove()
+    assert len(calls) == 2  # only the two new rows ran through the target
+    assert [r["id"] for r in manifest["rows"]] == ["r0", "r1", "r2", "r3"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["num_tokens"] == manifest["num_tokens"]
+    with pytest.raises(ValueError, match="layer_ids=\\[1\\]"):
+        build_feature_store(target, rows, tmp_path, [0, 1], progress=False)
+
+
+def test_store_missing_layers_is_a_clear_error(target, tmp_path):
+    build_feature_store(target, _rows(1), tmp_path, [0, 2], progress=False)
+    with pytest.raises(ValueError, match=r"holds layers \[0, 2\] \(missing \[3\]\).*--layers 0,3"):
+        FeatureStore(tmp_path, layer_ids=[0, 3])
+    with pytest.raises(FileNotFoundError, match="not a feature store"):
+        FeatureStore(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_block_local_mask_equals_dense_rule(target, block_size):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=2, block_size=block_size, target_layer_ids=[0, 2])
+    T = 23
+    anchors = torch.tensor([[2, 5, 11, 20, -1]])
+    n = anchors.shape[1] * block_size
+    noise = torch.randn(1, n, 64, requires_grad=True)
+    context = torch.randn(1, T, 128)
+    pos = torch.cat([torch.arange(T), (anchors.clamp_min(0)[0, :, None] + torch.arange(block_size)).reshape(-1)])[None]
+    dense = drafter(noise_embeds=noise, context_hidden_states=context, position_ids=pos,
+                    attention_mask=block_attention_mask(T, anchors, block_size)).last_hidden_state
+    local = drafter(noise_embeds=noise, context_hidden_states=context, position_ids=pos,
+                    attention_mask=BlockLocalMask(anchors, block_size)).last_hidden_state
+    torch.testing.assert_close(local, dense, rtol=1e-5, atol=1e-5)
+    g_dense, = torch.autograd.grad(dense.square().sum(), noise)
+    g_local, = torch.autograd.grad(local.square().sum(), noise)
+    torch.testing.assert_close(g_local, g_dense, rtol=1e-4, atol=1e-5)
+
+
+def test_chain_valid_cuts_blocks_at_the_first_disagreement():
+    B = 4
+    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11])
+    labels = torch.tensor([5, 6, 7, 0, 9, 10, 11])  # the target disagrees with the text at position 3
+    mask = torch.ones(7, dtype=torch.bool)
+    anchors = torch.tensor([1, 3])
+    _, positions, _, valid = block_inputs(ids, mask, anchors, B, 99, labels)
+    got = chain_valid(ids, labels, positions, valid, B).view(2, B)
+    # anchor 1: slots at 2, 3, 4; slot 3 (position 4) needs x3 == label3, which fails
+    assert got[0].tolist() == [False, True, True, False]
+    # anchor 3: slots at 4, 5, 6 all follow agreeing positions (the anchor itself needs no agreement)
+    assert got[1].tolist() == [False, True, True, True]
+
+
+def test_draft_vocabulary_takes_the_most_frequent_and_always_ids():
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[[10, 20, 30, 40]] = torch.tensor([5, 50, 7, 1])
+    ids = draft_vocabulary(counts, 3, always=[2])
+    assert ids.tolist() == [2, 20, 30]
