@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter
-from dflash_retrace.feature_store import FeatureStore, build_feature_store
+from dflash_retrace.training.features import FeatureStore, build_feature_store
 from dflash_retrace.modeling_dflash import BlockLocalMask
-from dflash_retrace.store_train import chain_valid, draft_vocabulary
-from dflash_retrace.training_core import block_attention_mask, block_inputs, target_features, target_labels
+from dflash_retrace.training.objective import (block_attention_mask, draft_vocabulary, greedy_chain_mask,
+                                               target_features, target_labels)
 from tiny import VOCAB, prompts, tiny_target
 
 
@@ -91,18 +91,14 @@ def test_block_local_mask_equals_dense_rule(target, block_size):
     torch.testing.assert_close(g_local, g_dense, rtol=1e-4, atol=1e-5)
 
 
-def test_chain_valid_cuts_blocks_at_the_first_disagreement():
-    B = 4
-    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11])
-    labels = torch.tensor([5, 6, 7, 0, 9, 10, 11])  # the target disagrees with the text at position 3
-    mask = torch.ones(7, dtype=torch.bool)
-    anchors = torch.tensor([1, 3])
-    _, positions, _, valid = block_inputs(ids, mask, anchors, B, 99, labels)
-    got = chain_valid(ids, labels, positions, valid, B).view(2, B)
-    # anchor 1: slots at 2, 3, 4; slot 3 (position 4) needs x3 == label3, which fails
-    assert got[0].tolist() == [False, True, True, False]
-    # anchor 3: slots at 4, 5, 6 all follow agreeing positions (the anchor itself needs no agreement)
-    assert got[1].tolist() == [False, True, True, True]
+def test_greedy_chain_mask_cuts_blocks_at_the_first_disagreement():
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    labels = torch.tensor([[5, 6, 7, 0, 9, 10, 11]])  # the target disagrees with the text at position 3
+    got = greedy_chain_mask(ids, labels, torch.tensor([[1, 3, -1]]), 4).view(3, 4)
+    # anchor 1: slots at 2, 3, 4; slot 3 (position 4) follows the disagreement at position 3
+    assert got[0].tolist() == [True, True, True, False]
+    # anchor 3: slots at 4, 5, 6 follow agreeing positions (the anchor itself needs no agreement)
+    assert got[1].tolist() == [True, True, True, True]
 
 
 def test_draft_vocabulary_takes_the_most_frequent_and_always_ids():

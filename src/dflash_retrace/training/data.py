@@ -110,6 +110,16 @@ def split_held_out(examples, eval_size, seed):
     return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 
+def label_counts(examples, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) counts of the supervised labels: a stored row's target labels, else the tokens themselves."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        labels = getattr(ex, "labels", None)
+        labels = ex.input_ids if labels is None else labels
+        counts += torch.bincount(labels[ex.loss_mask.bool()], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
 def anchor_generator(seed, epoch, index):
     """A generator that depends only on (seed, epoch, example): anchors replay identically after a resume."""
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_000_033 + index)

@@ -40,8 +40,10 @@ def measure_acceptance(target, drafter, prompts, max_new_tokens=256) -> dict:
 
 
 @torch.no_grad()
-def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=0, attention="dense") -> dict:
-    """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory)."""
+def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=0, attention="dense",
+                   labels="data") -> dict:
+    """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory). Stored rows
+    (`StoredRef`) bring their features and the target's labels (used unless `labels` is "data")."""
     core = drafter_core(drafter)
     B = core.config.block_size
     correct = torch.zeros(B)
@@ -51,8 +53,13 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
         anchors = sample_anchors(ex.loss_mask, max_anchors, generator=anchor_generator(seed, 1 << 20, index))
         if anchors.numel() == 0:
             continue
+        stored = {}
+        if hasattr(ex, "store"):  # a StoredRef
+            row = ex.store[ex.index]
+            stored = {"features": row.features[None].to(next(target.parameters()).device),
+                      "label_ids": None if labels == "data" else row.labels}
         loss, stats = dflash_block_loss(drafter, target, ex.input_ids, ex.loss_mask, anchors, gamma=gamma,
-                                        attention=attention)
+                                        attention=attention, chain=labels == "target-chain", **stored)
         losses.append(float(loss))
         correct += stats["correct"].cpu()
         counted += stats["counted"].cpu()
@@ -62,7 +69,7 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
 
 
 def held_out_metrics(model, target, held_out, cfg, attention) -> dict:
-    ev = evaluate_slots(model, target, held_out, cfg.max_anchors, cfg.gamma, cfg.seed, attention)
+    ev = evaluate_slots(model, target, held_out, cfg.max_anchors, cfg.gamma, cfg.seed, attention, cfg.labels)
     chosen = held_out[: cfg.eval_prompts]
     prompts = [ex.input_ids[: ex.prompt_length][None] for ex in chosen]
     budget = min(cfg.eval_max_new_tokens, max(int(ex.input_ids.numel() - ex.prompt_length) for ex in chosen))

@@ -44,9 +44,11 @@ from ..modeling_dflash import DFlashDrafter
 from ..runtime import eos_token_ids, load_drafter
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
-from .data import collate, epoch_batches, load_rows, split_held_out, tokenize_rows
+from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import held_out_metrics
-from .objective import cosine_lr, dflash_block_loss, drafter_core, sample_anchors, target_features, vocab_rows
+from .features import FeatureStore, StoredRows, stored_features
+from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
+                        target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
 
 __all__ = ["TrainState", "latest_checkpoint", "train_drafter"]
@@ -130,10 +132,10 @@ def _apply_lora(drafter, cfg):
 def _attention_kind(cfg, core, device):
     if cfg.attention == "flex" or (cfg.attention == "auto" and core.config._attn_implementation == "flex_attention"):
         if device.type != "cuda":
-            raise ValueError("attention='flex' needs a CUDA device; use attention='dense' (the default) on CPU.")
+            raise ValueError("attention='flex' needs a CUDA device; use attention='local' (the default) on CPU.")
         core.config._attn_implementation = "flex_attention"
         return "flex"
-    return "dense"
+    return "dense" if cfg.attention == "dense" else "local"
 
 
 
@@ -162,11 +164,17 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     target.eval().to(accelerator.device)
     save_dtype = getattr(torch, cfg.save_dtype) if cfg.save_dtype else next(target.parameters()).dtype
     eos_ids = eos_token_ids(target, tokenizer)  # the same set regenerate cuts at; a row's own end token first
-    examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
-                             eos_ids)
+    if cfg.features:  # stored rows: features and the target's labels computed once (`dflash-retrace features`)
+        examples = StoredRows(FeatureStore(cfg.features))
+    else:
+        examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
+                                 eos_ids)
     train_examples, held_out = split_held_out(examples, cfg.eval_size, cfg.seed)
 
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
+    coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
+    if cfg.features:
+        examples.store.select_layers(drafter_core(model).config.target_layer_ids)  # a clear error if it lacks them
     model.to(accelerator.device).train()
     attention = _attention_kind(cfg, drafter_core(model), accelerator.device)
     dataset, rollout_tau = _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator)
@@ -189,6 +197,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
             "final_loss": sum(state.losses) / len(state.losses) if state.losses else None,  # last <= 50 updates
             "train_seconds": seconds, "block_size": drafter_core(model).config.block_size, "lora": cfg.lora,
             "loss_vocab_size": int(vocab.numel()) if vocab is not None else None,
+            "features": cfg.features, **coverage,
         }
         if rollout_tau is not None:
             summary["rollout_tau_start"] = rollout_tau  # starting drafter on the training prompts, pooled
@@ -204,6 +213,24 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     accelerator.end_training()
     model.train_summary = summary
     return model
+
+
+def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids) -> dict:
+    """Gives a fresh drafter its draft vocabulary (`draft_vocab_size` most frequent labels of the training split);
+    returns its coverage of the held-out labels (share of supervised target tokens it can propose)."""
+    core = drafter_core(model)
+    if cfg.draft_vocab_size is not None and core.draft_to_target is None:
+        if cfg.lora or cfg.init is not None:
+            raise ValueError("draft_vocab_size builds the head of a fresh drafter; an --init drafter keeps its own "
+                             "(drop --draft-vocab-size, or train a fresh drafter).")
+        vocab_rows_count = target.get_output_embeddings().weight.shape[0]
+        core.set_draft_vocabulary(draft_vocabulary(label_counts(train_examples, vocab_rows_count),
+                                                   cfg.draft_vocab_size, always=eos_ids))
+    if core.draft_to_target is None or not held_out:
+        return {}
+    counts = label_counts(held_out, target.get_output_embeddings().weight.shape[0])
+    share = float(counts[core.draft_to_target.cpu()].sum() / counts.sum().clamp_min(1))
+    return {"draft_vocab_size": int(core.draft_to_target.numel()), "held_out_draft_vocab_coverage": round(share, 5)}
 
 
 def _prepare_model(target, cfg, drafter, out_dir, save_dtype, main):
@@ -342,7 +369,10 @@ class _Stepper:
                                              (memory.drafter_states, memory.target_states, memory.valid)))
                 vocab, label_ids = self.vocab, None
                 with acc.autocast():
-                    if cfg.labels == "target":
+                    if cfg.features:
+                        features, label_ids = stored_features(items, input_ids.shape[1], device)
+                        label_ids = None if cfg.labels == "data" else label_ids
+                    elif cfg.labels != "data":
                         features, label_ids = target_features(self.target, input_ids,
                                                               self.core.config.target_layer_ids, with_labels=True)
                         if vocab is not None:  # the target may say tokens the data does not have
@@ -351,7 +381,8 @@ class _Stepper:
                         features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
                     loss, _ = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
-                                                attention=self.attention, vocab=vocab, label_ids=label_ids)
+                                                attention=self.attention, vocab=vocab, label_ids=label_ids,
+                                                chain=cfg.labels == "target-chain")
                 acc.backward(loss)
                 if acc.sync_gradients and cfg.max_grad_norm:
                     acc.clip_grad_norm_(self.params, cfg.max_grad_norm)

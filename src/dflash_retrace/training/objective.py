@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..modeling_dflash import context_features
+from ..modeling_dflash import BlockLocalMask, context_features
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
 LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
@@ -189,6 +189,8 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
     pos = torch.cat([torch.arange(T, device=device).expand(bsz, -1), positions], dim=1)  # (b, T + N*B)
     if attention == "flex":
         mask = flex_block_mask(T, anchors, B)
+    elif attention == "local":  # the same rule, structured: N*B*(T+B) scores instead of N*B*(T+N*B)
+        mask = BlockLocalMask(anchors, B)
     else:
         mask = block_attention_mask(T, anchors, B, device)
     hidden = drafter(
@@ -199,8 +201,31 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
 
 
 def _ce_and_argmax(hidden, labels, core, lm_head):
-    logits = core.compute_logits(hidden, lm_head).float()  # (n, V)
+    logits = core.compute_draft_logits(hidden, lm_head).float()  # (n, V) or (n, draft vocabulary)
     return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+
+
+def greedy_chain_mask(input_ids, label_ids, anchors, block_size) -> torch.Tensor:
+    """(b, N*B) bool: slot k of the block anchored at p lies on the target's greedy chain from p, i.e. the text
+    agrees with the target's own choice (`label_ids`) at p+1..p+k-1. Beyond the first disagreement the true prefix
+    is not what the target would have generated, so its label is not what verification would accept."""
+    bsz, T = input_ids.shape
+    N = anchors.shape[1]
+    agree = input_ids == label_ids.to(input_ids.device)  # (b, T)
+    pos = anchors.clamp_min(0)[:, :, None] + torch.arange(1, block_size - 1, device=input_ids.device)  # (b, N, B-2)
+    on_chain = agree.gather(1, pos.clamp_max(T - 1).reshape(bsz, -1)).view(bsz, N, -1) & (pos < T)
+    chain = torch.ones(bsz, N, block_size, dtype=torch.bool, device=input_ids.device)
+    chain[:, :, 2:] = torch.cumprod(on_chain.long(), dim=-1).bool()
+    return chain.view(bsz, N * block_size)
+
+
+def draft_vocabulary(counts: torch.Tensor, size: int, always=()) -> torch.Tensor:
+    """Sorted target ids of a draft vocabulary: the `size` most frequent labels in `counts` (V,), `always` included
+    (EOS ids: the drafter must be able to propose the end)."""
+    keep = {int(i) for i in always}
+    ranked = [int(i) for i in torch.argsort(counts, descending=True, stable=True)[: size + len(keep)]]
+    ids = keep | set([i for i in ranked if i not in keep][: max(0, size - len(keep))])
+    return torch.tensor(sorted(ids), dtype=torch.long)
 
 
 class _RowsHead(torch.nn.Module):
@@ -223,13 +248,15 @@ def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
 
 
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
-                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None):
+                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
 
     `vocab`: sorted token ids (see `vocab_rows`) to restrict the softmax to (every label must be among them);
     the LM head then costs len(vocab)/V of the full one. None: the full vocabulary. `label_ids`: per-position
-    labels (`target_labels`) instead of the tokens themselves.
+    labels (`target_labels`) instead of the tokens themselves; with `chain`, only slots on the target's greedy chain
+    (`greedy_chain_mask`) are supervised. A drafter with a draft vocabulary (`draft_to_target`) is trained over
+    it: labels outside it are not in the loss and count as misses.
 
     Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
     The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
@@ -243,18 +270,34 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         attention=attention, label_ids=label_ids,
     )
     device = hidden.device
+    if chain and label_ids is not None:
+        ids2d = input_ids if input_ids.dim() == 2 else input_ids[None]
+        lab2d = label_ids if label_ids.dim() == 2 else label_ids[None]
+        anc2d = anchors if anchors.dim() == 2 else anchors[None]
+        label_valid = label_valid & greedy_chain_mask(ids2d.to(device), lab2d, anc2d.to(device), B)
     slot = torch.arange(B, device=device).repeat(hidden.shape[1] // B).expand_as(label_valid)[label_valid]  # (n,)
     hidden, labels = hidden[label_valid], labels[label_valid]  # (n, H), (n,)
     lm_head = target.get_output_embeddings()
+    draft = core.draft_to_target
+    if draft is not None and vocab is not None:
+        raise ValueError("This drafter has a draft vocabulary: its loss runs over it; do not also pass a loss "
+                         "vocabulary (loss_vocab='data').")
+    inside = None
+    if draft is not None:
+        vocab, inside = draft.to(device), None  # pred and labels are mapped as for a loss vocabulary below
     if vocab is not None:
         vocab = vocab.to(device)
         position = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
         position[vocab] = torch.arange(vocab.numel(), device=device)
         labels_full, labels = labels, position[labels]
-        if bool((labels < 0).any()):
+        if draft is not None:  # outside the draft vocabulary: not in the loss, a miss
+            inside = labels >= 0
+            labels = labels.clamp_min(0)
+        elif bool((labels < 0).any()):
             raise ValueError("A label is outside the loss vocabulary: build it from every training sequence "
                              "(`vocab_rows`).")
-        lm_head = _RowsHead(lm_head, vocab)
+        else:
+            lm_head = _RowsHead(lm_head, vocab)
     ce_parts, pred_parts = [], []
     for start in range(0, max(1, hidden.shape[0]), logits_chunk):
         h, y = hidden[start : start + logits_chunk], labels[start : start + logits_chunk]
@@ -268,6 +311,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     if vocab is not None:
         pred, labels = vocab[pred], labels_full
     w = slot_weights(B, gamma, device)[slot]
+    if inside is not None:
+        w = w * inside
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
     correct = (pred == labels).float()
     stats = {

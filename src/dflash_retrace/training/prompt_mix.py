@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import random
 
-from . import train_data
+from . import corpus as train_data
 
 SOLVE_TEMPLATES = (
     "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{code}\n```",

@@ -28,11 +28,48 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .training_core import target_labels
+from ..config_cli import comma_ints, option
+from ..configuration_dflash import default_target_layer_ids
+from ..runtime import eos_token_ids
+from .data import load_rows, tokenize_rows
+from .objective import target_labels
 
 SCHEMA = "dflash-retrace/features/v1"
 FIELDS = ("tokens", "loss_mask", "labels", "features")
 TOPK_FIELDS = ("topk_ids", "topk_logits")
+
+
+@dataclass
+class FeaturesConfig:
+    """What `dflash-retrace features` stores; the CLI is generated from these fields."""
+
+    layers: list | None = option(None, "target layers to store, comma-separated (default: DFlash's rule for 5 "
+                                       "features plus the last layer)", type=comma_ints)
+    top_k: int = option(0, "also store the target's top-k logits per token (ids and fp16 values, for distillation)")
+    max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
+    chat_template: bool = option(True, "render prompts with the tokenizer's chat template, as generation does")
+    enable_thinking: bool = option(False, "pass enable_thinking=True to Qwen3-style templates")
+    shard_tokens: int = option(1 << 17, "tokens per shard (the unit of resumption)")
+    limit: int | None = option(None, "only the first N rows")
+    progress: bool = option(True, "progress bar")
+
+
+def default_store_layers(num_target_layers: int) -> list:
+    """DFlash's rule for five features, plus the last decoder layer."""
+    return sorted(set(default_target_layer_ids(num_target_layers, 5)) | {num_target_layers - 1})
+
+
+def build_features(target, tokenizer, data, out_dir, config: FeaturesConfig | None = None, meta: dict | None = None):
+    """Tokenizes `data` (rows as `train` reads them) and writes or resumes the feature store in `out_dir`."""
+    cfg = config or FeaturesConfig()
+    rows = load_rows(data)[: cfg.limit]
+    examples = tokenize_rows(rows, tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
+                             eos_token_ids(target, tokenizer))
+    layers = cfg.layers or default_store_layers(target.config.get_text_config().num_hidden_layers)
+    meta = {"data": str(data), "chat_template": cfg.chat_template, "enable_thinking": cfg.enable_thinking,
+            "max_length": cfg.max_length, "target_dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+            "tokenizer": getattr(tokenizer, "name_or_path", None), **(meta or {})}
+    return build_feature_store(target, examples, out_dir, layers, cfg.top_k, cfg.shard_tokens, meta, cfg.progress)
 
 
 def _ids_sha256(ids: torch.Tensor) -> str:
@@ -168,6 +205,12 @@ class FeatureStore:
             raise FileNotFoundError(f"{self.path} is not a feature store (no manifest.json): build one with "
                                     "`dflash-retrace features --target T --data rows.jsonl --out DIR`.")
         self.manifest = json.loads(manifest_path.read_text())
+        self.rows = self.manifest["rows"]
+        self._shards: dict = {}
+        self.select_layers(layer_ids)
+
+    def select_layers(self, layer_ids=None) -> "FeatureStore":
+        """Rows give the features of `layer_ids` (stored layers, any order; None: all); a clear error otherwise."""
         stored = self.manifest["layer_ids"]
         self.layer_ids = list(stored if layer_ids is None else layer_ids)
         missing = [i for i in self.layer_ids if i not in stored]
@@ -180,8 +223,7 @@ class FeatureStore:
         self._columns = torch.cat([torch.arange(stored.index(i) * H, (stored.index(i) + 1) * H)
                                    for i in self.layer_ids])
         self._all = self.layer_ids == stored
-        self._shards: dict = {}
-        self.rows = self.manifest["rows"]
+        return self
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -193,32 +235,75 @@ class FeatureStore:
             self._shards[index] = {f: np.load(self.path / f"{name}.{f}.npy", mmap_mode="r") for f in fields}
         return self._shards[index]
 
-    def __getitem__(self, i: int) -> StoredRow:
+    def field(self, i: int, name: str) -> np.ndarray:
+        """One stored field of row i (a copy): tokens, loss_mask, labels, features, topk_ids, topk_logits."""
         row = self.rows[i]
-        shard = self._shard(row["shard"])
-        s = slice(row["offset"], row["offset"] + row["length"])
-        feats = torch.from_numpy(np.array(shard["features"][s])).view(torch.bfloat16)
+        return np.array(self._shard(row["shard"])[name][row["offset"] : row["offset"] + row["length"]])
+
+    def __getitem__(self, i: int) -> StoredRow:
+        feats = torch.from_numpy(self.field(i, "features")).view(torch.bfloat16)
         if not self._all:
             feats = feats[:, self._columns]
         topk = {}
         if self.manifest["top_k"]:
-            topk = {"topk_ids": torch.from_numpy(np.array(shard["topk_ids"][s])).long(),
-                    "topk_logits": torch.from_numpy(np.array(shard["topk_logits"][s]))}
-        return StoredRow(
-            input_ids=torch.from_numpy(np.array(shard["tokens"][s])).long(),
-            loss_mask=torch.from_numpy(np.array(shard["loss_mask"][s])),
-            labels=torch.from_numpy(np.array(shard["labels"][s])).long(),
-            features=feats, row_id=row["id"], **topk,
-        )
+            topk = {"topk_ids": torch.from_numpy(self.field(i, "topk_ids")).long(),
+                    "topk_logits": torch.from_numpy(self.field(i, "topk_logits"))}
+        return StoredRow(input_ids=torch.from_numpy(self.field(i, "tokens")).long(),
+                         loss_mask=torch.from_numpy(self.field(i, "loss_mask")),
+                         labels=torch.from_numpy(self.field(i, "labels")).long(),
+                         features=feats, row_id=self.rows[i]["id"], **topk)
 
-    def token_counts(self, vocab_size: int, indices=None) -> torch.Tensor:
-        """(vocab_size,) counts of the target's labels on supervised positions (for a draft vocabulary)."""
-        counts = torch.zeros(vocab_size, dtype=torch.long)
-        for i in (range(len(self)) if indices is None else indices):
-            row = self.rows[i]
-            shard = self._shard(row["shard"])
-            s = slice(row["offset"], row["offset"] + row["length"])
-            labels = torch.from_numpy(np.array(shard["labels"][s])).long()
-            mask = torch.from_numpy(np.array(shard["loss_mask"][s]))
-            counts += torch.bincount(labels[mask], minlength=vocab_size)
-        return counts
+
+class StoredRef:
+    """A stored row by reference: ids, mask and labels read when asked, features only by `features`."""
+
+    def __init__(self, store: FeatureStore, index: int):
+        self.store, self.index = store, index
+        self.row_id = store.rows[index]["id"]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.from_numpy(self.store.field(self.index, "tokens")).long()
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return torch.from_numpy(self.store.field(self.index, "loss_mask"))
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return torch.from_numpy(self.store.field(self.index, "labels")).long()
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self.store[self.index].features
+
+    @property
+    def prompt_length(self) -> int:
+        supervised = self.loss_mask.nonzero()
+        return int(supervised[0]) if supervised.numel() else int(self.store.rows[self.index]["length"])
+
+
+class StoredRows:
+    """The rows of a store as a sequence of `StoredRef`s (what the training loop splits and batches)."""
+
+    def __init__(self, store: FeatureStore):
+        self.store = store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int) -> StoredRef:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return StoredRef(self.store, i % len(self))
+
+
+def stored_features(items, width: int, device) -> tuple:
+    """(features (b, width, n*H), labels (b, width)) of a micro-batch of `(index, StoredRef)`, right-padded."""
+    rows = [ref.store[ref.index] for _, ref in items]
+    features = torch.zeros(len(rows), width, rows[0].features.shape[-1], dtype=rows[0].features.dtype)
+    labels = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        features[i, : row.features.shape[0]] = row.features
+        labels[i, : row.labels.numel()] = row.labels
+    return features.to(device), labels.to(device)
