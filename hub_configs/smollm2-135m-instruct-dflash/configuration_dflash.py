@@ -88,6 +88,10 @@ class DFlashConfig(PretrainedConfig):
             Multiplies the raw target embedding rows fed to the block (z-lab convention).
         output_multiplier (`float`, defaults to 1.0), final_logit_softcapping (`float`, optional):
             Applied to drafter logits after the target's LM head (z-lab convention).
+        draft_vocab_size (`int`, optional):
+            Size of the draft vocabulary (FR-Spec / EAGLE-3): the drafter's head is the rows
+            `draft_to_target` (a saved index) of the target's LM head, and its logits are placed in the full
+            vocabulary with -inf elsewhere, so verification is unchanged. `None`: the full vocabulary.
     """
 
     model_type = "dflash_retrace"
@@ -118,6 +122,7 @@ class DFlashConfig(PretrainedConfig):
         input_embedding_scale: float | None = None,
         output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
+        draft_vocab_size: int | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -159,6 +164,9 @@ class DFlashConfig(PretrainedConfig):
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)
         self.final_logit_softcapping = final_logit_softcapping
+        if draft_vocab_size is not None and not 0 < int(draft_vocab_size) <= vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}.")
+        self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
         if target_layer_ids is None and num_target_layers is not None:
             target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None

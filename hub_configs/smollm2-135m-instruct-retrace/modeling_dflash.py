@@ -14,6 +14,8 @@ Checkpoint keys follow z-lab's `DFlashDraftModel` so its checkpoints load unchan
 cache cropping, ReTrace memory and statistics live in `generation_dflash`.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -110,6 +112,37 @@ def sdpa_attention(query, key, value, mask, scaling, num_key_value_groups, dropo
 ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
 
 
+@dataclass
+class BlockLocalMask:
+    """The training attention rule in structured form: the query stream is N blocks of `block_size`; block n
+    sees context keys `< anchors[:, n]` (-1: padding, no context) and its own block, nothing else. Same rule as a
+    dense bool mask over [context, blocks], but costs N*B*(T + B) scores instead of N*B*(T + N*B)."""
+
+    anchors: torch.Tensor  # (b, N) long
+    block_size: int
+
+
+def block_local_attention(query, key, value, mask: BlockLocalMask, scaling, num_key_value_groups, dropout=0.0):
+    """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d) with the T context keys first."""
+    bsz, heads, q_len, dim = query.shape
+    B = mask.block_size
+    N, T = q_len // B, key.shape[2] - q_len
+    key = key.repeat_interleave(num_key_value_groups, dim=1)
+    value = value.repeat_interleave(num_key_value_groups, dim=1)
+    ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
+    limit = mask.anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
+    hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
+    ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
+    q_blocks = query.reshape(bsz, heads, N, B, dim)
+    k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
+    own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
+    probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout)
+    own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B), value[:, :, T:].reshape(bsz, heads, N, B, dim))
+    out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
+    return out.transpose(1, 2)  # (b, q, h, d)
+
+
 class DFlashAttention(nn.Module):
     def __init__(self, config: DFlashConfig, layer_idx: int):
         super().__init__()
@@ -143,7 +176,10 @@ class DFlashAttention(nn.Module):
 
         impl = self.config._attn_implementation or "sdpa"
         dropout = self.config.attention_dropout if self.training else 0.0
-        if impl in ATTENTION_FUNCTIONS:
+        if isinstance(attention_mask, BlockLocalMask):  # training: structured block rule
+            out = block_local_attention(query, key, value, attention_mask, self.scaling, self.num_key_value_groups,
+                                        dropout)
+        elif impl in ATTENTION_FUNCTIONS:
             out = ATTENTION_FUNCTIONS[impl](query, key, value, attention_mask, self.scaling, self.num_key_value_groups, dropout)
         else:  # flash / flex / kernels registered with transformers
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -253,6 +289,10 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.retrace = ReTraceConditioner(config) if config.retrace else None
+        # Draft vocabulary: target ids of the head rows (saved with the weights); None = the full vocabulary.
+        self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
+                             torch.arange(config.draft_vocab_size, dtype=torch.long))
+        self._head_rows = None  # (key, rows of the target's LM head for the draft vocabulary)
         self.last_stats: DFlashStats | None = None
         self.post_init()
 
@@ -268,6 +308,18 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "built-in plain DFlash."
             )
         return super().__getattr__(name)
+
+    def set_draft_vocabulary(self, target_ids) -> "DFlashDrafter":
+        """Restricts the drafter's head to `target_ids` (distinct target token ids; saved with the weights)."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+        if ids.numel() == 0 or ids.unique().numel() != ids.numel():
+            raise ValueError("A draft vocabulary needs at least one token id and no id twice.")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"Draft vocabulary ids must be target token ids in 0..{self.config.vocab_size - 1}.")
+        self.config.draft_vocab_size = int(ids.numel())
+        self.draft_to_target = ids.to(self.fc.weight.device)
+        self._head_rows = None
+        return self
 
     # ----------------------------------------------------------------------------------- build
     @classmethod
@@ -405,15 +457,41 @@ class DFlashDrafter(DFlashPreTrainedModel):
         return embeds
 
     def compute_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Drafter logits through the target's LM head (z-lab's multiplier and softcap conventions)."""
+        """Drafter logits over the target's full vocabulary (z-lab's multiplier and softcap conventions).
+
+        With a draft vocabulary, tokens outside it get -inf: they are never proposed and have zero proposal
+        probability, so greedy matching and speculative sampling stay exact."""
+        logits = self.compute_draft_logits(hidden_states, lm_head)
+        if self.draft_to_target is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], lm_head.weight.shape[0]), float("-inf"))
+        return full.index_copy_(full.dim() - 1, self.draft_to_target.to(logits.device), logits)
+
+    def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
         weight = lm_head.weight
-        logits = lm_head(hidden_states.to(device=weight.device, dtype=weight.dtype))
+        hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype)
+        if self.draft_to_target is None:
+            logits = lm_head(hidden_states)
+        else:
+            rows, bias = self._draft_head(lm_head)
+            logits = F.linear(hidden_states, rows, bias)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         softcap = self.config.final_logit_softcapping
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
+
+    def _draft_head(self, lm_head: nn.Module) -> tuple:
+        """The draft vocabulary's rows of the target's LM head (and bias), cached while the head is unchanged."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr())
+        if self._head_rows is None or self._head_rows[0] != key:
+            ids = self.draft_to_target.to(weight.device)
+            rows = weight.detach().index_select(0, ids)
+            self._head_rows = (key, (rows, None if bias is None else bias.detach().index_select(0, ids)))
+        return self._head_rows[1]
 
     def check_target(self, target: PreTrainedModel) -> None:
         """Raises a ValueError with the fix if this drafter cannot serve `target`."""
@@ -448,6 +526,12 @@ class DFlashDrafter(DFlashPreTrainedModel):
             raise ValueError(
                 f"mask_token_id={cfg.mask_token_id} is not a row of the target's input embedding (0..{num_rows - 1}). "
                 "Set `drafter.config.mask_token_id` to a token id of the target's vocabulary (DFlash Qwen3 drafters use 151669)."
+            )
+        head_rows = target.get_output_embeddings().weight.shape[0]
+        if self.draft_to_target is not None and int(self.draft_to_target.max()) >= head_rows:
+            raise ValueError(
+                f"The draft vocabulary (`draft_to_target`) holds token ids up to {int(self.draft_to_target.max())}, but "
+                f"the target's LM head has {head_rows} rows. Use the drafter trained for this target's tokenizer."
             )
 
     def check_generation(self, generation_config, input_ids: torch.Tensor | None = None) -> None:

@@ -1,0 +1,149 @@
+"""Draft vocabulary (FR-Spec / EAGLE-3 style): the drafter proposes from a subset of the target's tokens, its logits
+are placed in the full vocabulary with -inf elsewhere, and generation stays exact (fp32, tiny models)."""
+
+import collections
+
+import pytest
+import torch
+
+from dflash_retrace import DFlashDrafter
+from dflash_retrace.training.objective import dflash_block_loss, draft_vocabulary
+from test_remote_code import _run as run_in_fresh_process
+from tiny import EOS, VOCAB, continuations, prompts, tiny_target, train_drafter
+
+DRAFT = 40  # of the tiny targets' 96 tokens
+
+
+def _vocab_of(rows, size=DRAFT):
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    for ids, mask in rows:
+        counts += torch.bincount(ids[mask], minlength=VOCAB)
+    return draft_vocabulary(counts, size, always=[EOS])
+
+
+@pytest.fixture(scope="module")
+def vocab_pair(qwen3_target, train_prompts):
+    rows = continuations(qwen3_target, train_prompts, new_tokens=40)
+    ids = _vocab_of(rows)
+    fresh = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=2, block_size=8).set_draft_vocabulary(ids)
+    drafter = train_drafter(qwen3_target, rows, steps=400, block_size=8, layers=2, lr=5e-3, drafter=fresh)
+    return qwen3_target, drafter, ids
+
+
+def test_logits_are_full_vocabulary_with_minus_inf_outside(vocab_pair):
+    target, drafter, ids = vocab_pair
+    hidden = torch.randn(3, 64)
+    full = drafter.compute_logits(hidden, target.lm_head)
+    draft = drafter.compute_draft_logits(hidden, target.lm_head)
+    assert full.shape == (3, VOCAB) and draft.shape == (3, ids.numel())
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(full[:, outside]).all()
+    torch.testing.assert_close(full[:, ids], draft)
+    torch.testing.assert_close(draft, target.lm_head(hidden)[:, ids])  # the target's own head rows
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 8, 9, 40])
+def test_greedy_equals_plain_generate(vocab_pair, train_prompts, max_new_tokens):
+    target, drafter, ids = vocab_pair
+    proposed = set()
+    for prompt in train_prompts[:3] + prompts(3, length=5, seed=77 + max_new_tokens):
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens)
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
+        assert torch.equal(ref, out), f"plain {ref.tolist()}\ndraft {out.tolist()}"
+        for draft in drafter.last_stats.drafts:
+            proposed |= set(torch.as_tensor(draft).flatten().tolist())
+    assert proposed <= set(ids.tolist())  # proposals are target ids inside the draft vocabulary
+
+
+def test_the_draft_vocabulary_drafter_drafts(vocab_pair, train_prompts):
+    target, drafter, _ = vocab_pair
+    lengths = []
+    for prompt in train_prompts[:6]:
+        target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=40)
+        lengths += drafter.last_stats.acceptance_lengths
+    assert sum(lengths) / len(lengths) > 2.0
+
+
+def test_save_load_and_remote_code_keep_the_vocabulary(vocab_pair, train_prompts, tmp_path):
+    target, drafter, ids = vocab_pair
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    loaded = DFlashDrafter.from_pretrained(tmp_path / "drafter").eval()
+    assert loaded.config.draft_vocab_size == ids.numel()
+    assert torch.equal(loaded.draft_to_target, ids)
+    prompt_list = [p[0].tolist() for p in train_prompts[:2]]
+    result = run_in_fresh_process(tmp_path / "target", tmp_path / "drafter", prompt_list)
+    for prompt, out, lengths in zip(train_prompts[:2], result["outputs"], result["acceptance"]):
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=30)
+        assert out == ref[0].tolist()
+        target.generate(prompt, assistant_model=loaded, do_sample=False, max_new_tokens=30)
+        assert lengths == loaded.last_stats.acceptance_lengths
+
+
+def test_peft_wrapped_draft_vocabulary_drafter(vocab_pair, train_prompts):
+    from peft import LoraConfig, get_peft_model
+
+    target, drafter, ids = vocab_pair
+    import copy
+
+    wrapped = get_peft_model(copy.deepcopy(drafter), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert torch.equal(wrapped.get_base_model().draft_to_target, ids)
+    for prompt in train_prompts[:2]:
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=20)
+        out = target.generate(prompt, assistant_model=wrapped, do_sample=False, max_new_tokens=20)
+        assert torch.equal(ref, out)
+
+
+def test_zlab_export_refuses_a_draft_vocabulary(vocab_pair, tmp_path):
+    from dflash_retrace.hub.export import zlab_state_dict
+
+    with pytest.raises(ValueError, match="draft vocabulary of 40 tokens.*format='ours'"):
+        zlab_state_dict(vocab_pair[1])
+
+
+def test_labels_outside_the_vocabulary_are_misses_not_losses(qwen3_target):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4)
+    drafter.set_draft_vocabulary(torch.arange(0, 50))
+    ids = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])
+    mask = torch.ones(8, dtype=torch.bool)
+    anchors = torch.tensor([1, 3])
+    loss_in, stats_in = dflash_block_loss(drafter, qwen3_target, ids, mask, anchors)
+    outside = ids.clone()
+    outside[3] = 90  # a label (slot 2 of the first block, slot 0 of the second) the drafter cannot propose
+    loss_out, stats_out = dflash_block_loss(drafter, qwen3_target, outside, mask, anchors)
+    assert torch.isfinite(loss_out)
+    assert stats_out["counted"].sum() == stats_in["counted"].sum()  # still counted ...
+    assert stats_out["correct"][2] == 0  # ... as a miss
+
+
+def test_set_draft_vocabulary_checks_ids(qwen3_target):
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4)
+    with pytest.raises(ValueError, match="no id twice"):
+        drafter.set_draft_vocabulary([1, 1])
+    with pytest.raises(ValueError, match=r"0\.\.95"):
+        drafter.set_draft_vocabulary([1, 96])
+
+
+def test_sampling_follows_the_target(vocab_pair):
+    """Speculative sampling with -inf outside the draft vocabulary: marginals match the target's (noise floor)."""
+    target, drafter, _ = vocab_pair
+    prompt = torch.tensor([[11, 12, 13, 14, 15]])
+    n, new = 240, 3
+
+    def marginals(seed0, **kwargs):
+        counts = [collections.Counter() for _ in range(new)]
+        for i in range(n):
+            torch.manual_seed(seed0 + i)
+            out = target.generate(prompt, do_sample=True, max_new_tokens=new, min_new_tokens=new, **kwargs)
+            for k, token in enumerate(out[0, prompt.shape[1]:].tolist()):
+                counts[k][token] += 1
+        return counts
+
+    def tv(a, b):
+        return sum(0.5 * sum(abs(x[t] - y[t]) / n for t in set(x) | set(y)) for x, y in zip(a, b)) / new
+
+    a, b = marginals(0, temperature=1.0), marginals(10_000, temperature=1.0)
+    floor = tv(a, b)
+    assert tv(a, marginals(20_000, temperature=1.0, assistant_model=drafter)) < 1.5 * floor + 0.03
