@@ -356,6 +356,8 @@ class CorpusConfig:
     overlap_check: bool = option(True, "drop rows sharing a 13-word window with an evaluation prompt")
     text_rows: bool = option(False, "write prompt/response rows answered with the sources' own text "
                                     "(build_text_rows) instead of prompts")
+    mix: bool = option(False, "write the broad chat prompt mix instead (function specs to solve, code, synthetic "
+                              "arithmetic word problems, writing tasks; `training.prompt_mix`)")
     subset_from: str | None = option(None, "instead: write a stratified subset of this JSONL (e.g. regenerate "
                                            "output) to --out")
     code: int = option(26, "with --subset-from: code rows")
@@ -368,8 +370,14 @@ def build_corpus(cfg: CorpusConfig) -> dict:
         rows = stratified_subset(read_jsonl(cfg.subset_from), cfg.code, cfg.prose_per_source)
         Path(cfg.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         return {"out": cfg.out, "rows": len(rows)}
-    build = build_text_rows if cfg.text_rows else build_prompts
-    rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
+    if cfg.mix:
+        from .prompt_mix import build_prompt_mix  # it builds on this module's sources
+
+        rows, manifest = build_prompt_mix(cfg.num_prompts, cfg.seed, cache_dir=cfg.cache_dir,
+                                          check_overlap=cfg.overlap_check)
+    else:
+        build = build_text_rows if cfg.text_rows else build_prompts
+        rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
