@@ -53,3 +53,24 @@ def test_text_rows_drop_overlap_with_evaluation_sets(fake_sources, monkeypatch):
     assert manifest["eval_overlap_check"]["dropped"] >= 1 and len(kept) == len(rows) - manifest[
         "eval_overlap_check"]["dropped"]
     assert victim["response"] not in {r["response"] for r in kept}
+
+
+def test_prompt_mix_covers_every_kind_and_drops_overlap(fake_sources, monkeypatch):
+    from dflash_retrace.training import prompt_mix
+
+    funcs = [(f"mod{i}.py:g{i}:1", f'def g{i}(a, b):\n    """Return the sum of a and b plus {i} for item {i}."""\n'
+              f"    return a + b + {i}") for i in range(40)]
+    monkeypatch.setattr(train_data, "_stdlib_functions", lambda: list(funcs))
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(), []))
+    monkeypatch.setattr(train_data.assets, "sha256_file", lambda path: "stand-in")
+    rows, manifest = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"code", "math", "prose"} and len({r["id"] for r in rows}) == len(rows)
+    solve = [r for r in rows if r["template"].startswith("solve")]
+    assert solve and all('"""Return the sum' in r["prompt"] and "return a + b" not in r["prompt"] for r in solve)
+    again, _ = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
+    assert again == rows  # deterministic for a seed
+    victim = next(r for r in rows if r["kind"] == "math")
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (train_data._shingles(victim["prompt"]), []))
+    kept, manifest = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
+    assert manifest["eval_overlap_check"]["dropped"] >= 1 and victim["prompt"] not in {r["prompt"] for r in kept}
