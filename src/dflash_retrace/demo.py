@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .runtime import encode_messages, load_drafter, load_target, speedup_bound_fault
+from .runtime import INFERENCE_DTYPE_HELP, encode_messages, load_drafter, load_target, speedup_bound_fault
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFTER = Path(__file__).resolve().parents[2] / "hub_configs" / "smollm2-135m-instruct-retrace"
@@ -23,9 +23,10 @@ def _timed(fn):
 
 
 def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROMPT, max_new_tokens=128,
-             stream=True, dtype="float32") -> dict:
-    """`dtype` float32: the output must equal plain generate() (else an error: a bug); bfloat16/float16: it is
-    equal up to near-ties (a batched verify rounds differently from one-token decoding), and the demo says which."""
+             stream=True, dtype="auto") -> dict:
+    """`dtype` auto: bfloat16 on CPUs with bf16 matrix units (fast there), else float32. float32: the output must
+    equal plain generate() (else an error: a bug); bfloat16/float16: it is equal up to near-ties (a batched verify
+    rounds differently from one-token decoding), and the demo says which."""
     from transformers import TextStreamer
 
     drafter_path = Path(str(drafter))
@@ -35,8 +36,9 @@ def run_demo(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, prompt=DEFAULT_PROM
             "or pass --drafter PATH_OR_HUB_ID."
         )
     torch.manual_seed(0)
-    model, tokenizer = load_target(target, "cpu", dtype)
-    draft = load_drafter(drafter)  # its saved dtype; the target's dtype sets the numerics
+    model, tokenizer = load_target(target, "cpu", dtype, inference=True)
+    dtype = str(model.dtype).replace("torch.", "")
+    draft = load_drafter(drafter, model)  # the target's dtype
     input_ids = torch.tensor([encode_messages(tokenizer, [{"role": "user", "content": prompt}])])
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
@@ -95,8 +97,9 @@ def register_cli(subparsers) -> None:
     parser.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter folder or Hub id")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="float32: output must equal plain generate(); bf16/fp16: equal up to near-ties (shown)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help=f"{INFERENCE_DTYPE_HELP}. float32: output must equal plain generate(); bf16/fp16: equal "
+                             "up to near-ties (shown)")
     parser.set_defaults(
         func=lambda a: run_demo(a.target, a.drafter, a.prompt, a.max_new_tokens, dtype=a.dtype) and 0
     )

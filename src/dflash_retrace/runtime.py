@@ -21,13 +21,15 @@ from . import __version__
 from .assets import folder_or_hub_id, model_not_found, resolve_model
 from .modeling_dflash import DFlashDrafter
 
-__all__ = ["apply_chat_template", "cudnn_sdpa", "encode_messages", "encode_prompt", "environment", "eos_token_ids",
-           "load_drafter", "load_target", "prompt_messages", "resolve_device", "resolve_dtype", "speedup_bound_fault",
-           "uses_chat_template"]
+__all__ = ["apply_chat_template", "cpu_has_bf16_matmul", "cudnn_sdpa", "encode_messages", "encode_prompt", "environment",
+           "eos_token_ids", "load_drafter", "load_target", "prompt_messages", "resolve_device", "resolve_dtype",
+           "speedup_bound_fault", "uses_chat_template"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DTYPE_HELP = "auto (bf16 on CUDA, fp32 elsewhere), float32, bfloat16, float16"
+INFERENCE_DTYPE_HELP = ("auto (bf16 on CUDA and on CPUs with bf16 matrix units (AMX / AVX512-BF16), fp32 elsewhere), "
+                        "float32, bfloat16, float16")
 
 
 # ------------------------------------------------------------------------------ device and dtype
@@ -38,20 +40,39 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """`auto` (or None): bfloat16 on CUDA, float32 elsewhere."""
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 matrix units (AMX-BF16 or AVX512-BF16): bf16 matmuls then run several times faster
+    than fp32 (measured ~6x on one core with AMX), so inference is faster in bf16 there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        flags = ""
+    if "amx_bf16" in flags or "avx512_bf16" in flags:
+        return True
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None) or getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, inference: bool = False) -> torch.dtype:
+    """`auto` (or None): bfloat16 on CUDA, float32 elsewhere; for `inference`, also bfloat16 on CPUs with bf16
+    matrix units (`cpu_has_bf16_matmul`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        if torch.device(device).type == "cuda" or (inference and cpu_has_bf16_matmul()):
+            return torch.bfloat16
+        return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
 # ----------------------------------------------------------------------------------------- loading
-def load_target(name_or_path, device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = "auto"):
-    """(target, tokenizer): a registry name (see `dflash-retrace fetch`), a local folder or a Hub id, in eval mode.
+def load_target(name_or_path, device: str | torch.device | None = "auto", dtype: str | torch.dtype | None = "auto",
+                inference: bool = False):
+    """(target, tokenizer): a registry name (see `dflash-retrace fetch`), a local folder or a Hub id, in eval mode;
+    `dtype="auto"` resolves with `resolve_dtype(..., inference=inference)`.
 
     `target.name_or_path` is the folder it was read from.
     """
@@ -59,7 +80,7 @@ def load_target(name_or_path, device: str | torch.device | None = "auto", dtype:
 
     path = resolve_model(name_or_path)
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, inference)
     try:
         target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from ..assets import asset_note
 from ..config_cli import add_config_arguments, config_from_args, option
 from ..prompts import load_prompts
-from ..runtime import DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
+from ..runtime import INFERENCE_DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
 from .methods import BUILTIN, PLAIN, REFERENCE, SPECULATIVE, Methods, clock
 from .metrics import agreement, speedup_bound_fault, spread, summarize_rounds
 from .report import format_report, plot_results
@@ -103,7 +103,7 @@ class BenchConfig:
     max_new_tokens: int = option(256, "new tokens per turn")
     temperature: float = option(0.0, "0 = greedy; > 0 samples")
     seed: int = option(0, "prompt shuffle, untrained drafter and sampling seed")
-    dtype: str = option("auto", DTYPE_HELP)
+    dtype: str = option("auto", INFERENCE_DTYPE_HELP)
     device: str = option("auto", "auto (cuda if available), cpu, cuda, cuda:1, ...")
     output: str | None = option(None, "JSON report path", cli_default="bench.json")
     plot: str | None = option(None, "also write a PNG (histogram + per-slot acceptance) here")
@@ -333,7 +333,7 @@ def _load(target, drafter, cfg: BenchConfig, tokenizer, notes: list) -> tuple:
     """(target, tokenizer, drafter, {label: compared drafter}, names): loads what was given by name."""
     names = {"target": os.fspath(target) if isinstance(target, (str, os.PathLike)) else None}
     if names["target"] is not None:
-        target, tokenizer = load_target(names["target"], cfg.device, cfg.dtype)
+        target, tokenizer = load_target(names["target"], cfg.device, cfg.dtype, inference=True)
         if note := asset_note(target.name_or_path):
             notes.append(f"target: {note}")
     elif tokenizer is None:
