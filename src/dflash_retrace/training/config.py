@@ -104,5 +104,8 @@ class TrainConfig:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(self, f.name)!r}.")
+        if self.features and self.stage == "retrace":
+            raise ValueError("The ReTrace stage rolls out real draft-verify rounds with the target online: train it "
+                             "from --data (rows), without --features.")
         filled = {k: v for k, v in STAGE_DEFAULTS[self.stage].items() if getattr(self, k) is None}
         return dataclasses.replace(self, **filled)
