@@ -1,0 +1,83 @@
+"""`train --features`: a drafter trained from a feature store without running the target's layers, with a draft
+vocabulary and greedy-chain labels; it drafts and generation stays exact (tiny models, fp32)."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_retrace.training import TrainConfig, train_drafter
+from dflash_retrace.training.data import Example
+from dflash_retrace.training.features import build_feature_store
+from tiny import continuations, prompts, tiny_target
+
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3", seed=0)
+
+
+@pytest.fixture(scope="module")
+def store(target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("store")
+    rows = continuations(target, prompts(8, seed=3), NEW)
+    examples = [Example(ids, mask, int(mask.nonzero()[0]), f"r{i}") for i, (ids, mask) in enumerate(rows)]
+    build_feature_store(target, examples, out, [0, 1, 2, 3], progress=False)
+    return out, rows
+
+
+def _config(store_dir, **overrides):
+    base = dict(features=str(store_dir), block_size=8, num_layers=2, lr=5e-3, max_anchors=16, eval_size=0,
+                progress=False, checkpoint_every=0, max_steps=300, target_layer_ids=[1, 3], draft_vocab_size=48,
+                labels="target-chain")
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def test_train_from_store_never_runs_the_target_layers(target, store, tmp_path):
+    store_dir, rows = store
+    calls = []
+    hooks = [layer.register_forward_hook(lambda *a: calls.append(1)) for layer in target.model.layers]
+    try:
+        drafter = train_drafter(target, None, None, tmp_path, _config(store_dir))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == []  # only the embedding and the LM head of the target were used
+    assert drafter.config.draft_vocab_size == 48 and drafter.draft_to_target.numel() == 48
+    lengths = []
+    for ids, mask in rows[:4]:
+        prompt = ids[~mask][None]
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=NEW)
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=NEW)
+        assert torch.equal(ref, out)
+        lengths += drafter.last_stats.acceptance_lengths
+    assert sum(lengths) / len(lengths) > 2.0  # it learned to draft from stored features alone
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["draft_vocab_size"] == 48
+
+
+def test_summary_reports_draft_vocabulary_coverage(target, store, tmp_path):
+    store_dir, _ = store
+    drafter = train_drafter(target, None, None, tmp_path, _config(store_dir, max_steps=5, eval_size=2,
+                                                                 eval_prompts=1, eval_max_new_tokens=8))
+    summary = drafter.train_summary
+    assert summary["features"] == str(store_dir) and summary["draft_vocab_size"] == 48
+    assert 0.5 < summary["held_out_draft_vocab_coverage"] <= 1.0
+
+
+def test_store_without_the_drafter_layers_is_a_clear_error(target, store, tmp_path):
+    _, rows = store
+    ids, mask = rows[0]
+    build_feature_store(target, [Example(ids, mask, int(mask.nonzero()[0]), "r0")], tmp_path / "s", [1, 3],
+                        progress=False)
+    with pytest.raises(ValueError, match=r"holds layers \[1, 3\] \(missing \[2\]\)"):
+        train_drafter(target, None, None, tmp_path / "out", _config(tmp_path / "s", target_layer_ids=[1, 2],
+                                                                   max_steps=1))
+
+
+def test_retrace_stage_refuses_features(store):
+    with pytest.raises(ValueError, match="without --features"):
+        _config(store[0], stage="retrace").resolved()
