@@ -7,8 +7,7 @@ import torch
 
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.training.features import FeatureStore, build_feature_store
-from dflash_retrace.modeling_dflash import BlockLocalMask
-from dflash_retrace.training.objective import (block_attention_mask, draft_vocabulary, greedy_chain_mask,
+from dflash_retrace.training.objective import (BlockLocalMask, block_attention_mask, draft_vocabulary, greedy_chain_mask,
                                                target_features, target_labels)
 from tiny import VOCAB, prompts, tiny_target
 

@@ -14,8 +14,6 @@ Checkpoint keys follow z-lab's `DFlashDraftModel` so its checkpoints load unchan
 cache cropping, ReTrace memory and statistics live in `generation_dflash`.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,37 +110,6 @@ def sdpa_attention(query, key, value, mask, scaling, num_key_value_groups, dropo
 ATTENTION_FUNCTIONS = {"eager": eager_attention, "sdpa": sdpa_attention}
 
 
-@dataclass
-class BlockLocalMask:
-    """The training attention rule in structured form: the query stream is N blocks of `block_size`; block n
-    sees context keys `< anchors[:, n]` (-1: padding, no context) and its own block, nothing else. Same rule as a
-    dense bool mask over [context, blocks], but costs N*B*(T + B) scores instead of N*B*(T + N*B)."""
-
-    anchors: torch.Tensor  # (b, N) long
-    block_size: int
-
-
-def block_local_attention(query, key, value, mask: BlockLocalMask, scaling, num_key_value_groups, dropout=0.0):
-    """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d) with the T context keys first."""
-    bsz, heads, q_len, dim = query.shape
-    B = mask.block_size
-    N, T = q_len // B, key.shape[2] - q_len
-    key = key.repeat_interleave(num_key_value_groups, dim=1)
-    value = value.repeat_interleave(num_key_value_groups, dim=1)
-    ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
-    limit = mask.anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
-    hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
-    ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
-    q_blocks = query.reshape(bsz, heads, N, B, dim)
-    k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
-    own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
-    probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
-    probs = F.dropout(probs, p=dropout)
-    own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B), value[:, :, T:].reshape(bsz, heads, N, B, dim))
-    out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
-    return out.transpose(1, 2)  # (b, q, h, d)
-
-
 class DFlashAttention(nn.Module):
     def __init__(self, config: DFlashConfig, layer_idx: int):
         super().__init__()
@@ -176,9 +143,8 @@ class DFlashAttention(nn.Module):
 
         impl = self.config._attn_implementation or "sdpa"
         dropout = self.config.attention_dropout if self.training else 0.0
-        if isinstance(attention_mask, BlockLocalMask):  # training: structured block rule
-            out = block_local_attention(query, key, value, attention_mask, self.scaling, self.num_key_value_groups,
-                                        dropout)
+        if hasattr(attention_mask, "attend"):  # a structured mask that computes attention itself (training)
+            out = attention_mask.attend(query, key, value, self.scaling, self.num_key_value_groups, dropout)
         elif impl in ATTENTION_FUNCTIONS:
             out = ATTENTION_FUNCTIONS[impl](query, key, value, attention_mask, self.scaling, self.num_key_value_groups, dropout)
         else:  # flash / flex / kernels registered with transformers
@@ -469,29 +435,22 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
     def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
-        weight = lm_head.weight
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype)
         if self.draft_to_target is None:
             logits = lm_head(hidden_states)
-        else:
-            rows, bias = self._draft_head(lm_head)
-            logits = F.linear(hidden_states, rows, bias)
+        else:  # the draft vocabulary's rows of the target's head, cached while the head is unchanged
+            key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr())
+            if self._head_rows is None or self._head_rows[0] != key:
+                ids = self.draft_to_target.to(weight.device)
+                self._head_rows = (key, weight.detach()[ids], None if bias is None else bias.detach()[ids])
+            logits = F.linear(hidden_states, *self._head_rows[1:])
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         softcap = self.config.final_logit_softcapping
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
-
-    def _draft_head(self, lm_head: nn.Module) -> tuple:
-        """The draft vocabulary's rows of the target's LM head (and bias), cached while the head is unchanged."""
-        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr())
-        if self._head_rows is None or self._head_rows[0] != key:
-            ids = self.draft_to_target.to(weight.device)
-            rows = weight.detach().index_select(0, ids)
-            self._head_rows = (key, (rows, None if bias is None else bias.detach().index_select(0, ids)))
-        return self._head_rows[1]
 
     def check_target(self, target: PreTrainedModel) -> None:
         """Raises a ValueError with the fix if this drafter cannot serve `target`."""

@@ -15,12 +15,13 @@ padded with -1. A padding block sees no context, only itself, and has no labels.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..modeling_dflash import BlockLocalMask, context_features
+from ..modeling_dflash import context_features
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
 LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
@@ -122,6 +123,38 @@ def flex_block_mask(context_length, anchors, block_size):
 
     q_len = num_blocks * block_size
     return create_block_mask(mask_mod, bsz, None, q_len, context_length + q_len, device=anchors.device)
+
+
+@dataclass
+class BlockLocalMask:
+    """The training attention rule in structured form, for `attention="local"`: the query stream is N blocks of
+    `block_size`; block n sees context keys `< anchors[:, n]` (-1: padding, no context) and its own block, nothing
+    else. The same rule as `block_attention_mask`, but N*B*(T + B) scores instead of N*B*(T + N*B). The drafter's
+    attention calls `attend` for any mask that has one."""
+
+    anchors: torch.Tensor  # (b, N) long
+    block_size: int
+
+    def attend(self, query, key, value, scaling, num_key_value_groups, dropout=0.0):
+        """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d), the T context keys first -> (b, N*B, h, d)."""
+        bsz, heads, q_len, dim = query.shape
+        B = self.block_size
+        N, T = q_len // B, key.shape[2] - q_len
+        key = key.repeat_interleave(num_key_value_groups, dim=1)
+        value = value.repeat_interleave(num_key_value_groups, dim=1)
+        ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
+        limit = self.anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
+        hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
+        ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
+        q_blocks = query.reshape(bsz, heads, N, B, dim)
+        k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
+        own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
+        probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+        probs = F.dropout(probs, p=dropout)
+        own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B),
+                           value[:, :, T:].reshape(bsz, heads, N, B, dim))  # (b, h, N, B, d)
+        out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
+        return out.transpose(1, 2)
 
 
 def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
