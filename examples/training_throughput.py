@@ -57,6 +57,7 @@ def main(argv=None):
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--features", required=True, help="a feature store of the target (`dflash-retrace features`)")
     p.add_argument("--rows", type=int, default=12, help="timed rows (after one warm-up row)")
+    p.add_argument("--first-row", type=int, default=0, help="index of the first store row used")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--draft-vocab-size", type=int, default=8192)
@@ -81,7 +82,7 @@ def main(argv=None):
     seconds = {n: 0.0 for n in VARIANTS}
     slots = {n: 0 for n in VARIANTS}
     for i in range(args.rows + 1):
-        row = store[i]
+        row = store[args.first_row + i]
         anchors = sample_anchors(row.loss_mask, args.max_anchors, generator=torch.Generator().manual_seed(i))
         for name, (stored, bf16, attention, _) in VARIANTS.items():
             drafter, optimizer = models[name]
