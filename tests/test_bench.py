@@ -190,7 +190,7 @@ def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     out, png = tmp_path / "results.json", tmp_path / "plot.png"
     report = run_benchmark(
         str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
-        max_samples=None, max_new_tokens=16, seed=0, device="cpu", output=out, plot=png, save_outputs=True,
+        max_samples=None, max_new_tokens=16, seed=0, device="cpu", dtype="float32", output=out, plot=png, save_outputs=True,
         progress=False,
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
@@ -225,7 +225,7 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     out = tmp_path / "r.json"
     code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", str(tmp_path / "retrace"),
                      "--compare", f"dflash={tiny_assets / 'drafter'}", "--no-memory-ablation",
-                     "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu",
+                     "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu", "--dtype", "float32",
                      "--output", str(out), "--save-outputs", "--no-progress", "--source-order"])
     text = capsys.readouterr().out
     assert code == 0
@@ -260,7 +260,7 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
     assert "τ(memory off)/τ(DFlash), 95% CI: prompts 1.000 [1.000, 1.000]" in table
     with pytest.raises(ValueError, match="has none"):
         run_benchmark(str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
-                      max_samples=1, max_new_tokens=4, device="cpu", output=None, progress=False, no_memory=True)
+                      max_samples=1, max_new_tokens=4, device="cpu", dtype="float32", output=None, progress=False, no_memory=True)
 
 
 def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, monkeypatch):
@@ -280,7 +280,7 @@ def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, mon
     out = tmp_path / "r.json"
     code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", "untrained",
                      "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-samples", "3", "--max-new-tokens", "8",
-                     "--device", "cpu", "--output", str(out), "--no-progress"])
+                     "--device", "cpu", "--dtype", "float32", "--output", str(out), "--no-progress"])
     captured = capsys.readouterr()
     assert code == 1
     assert "tau ~ 1" in captured.err  # the untrained drafter's note
@@ -303,7 +303,7 @@ def test_bench_baselines(tiny_assets, tmp_path):
         pytest.skip(reason)
     report = run_benchmark(
         str(tiny_assets / "target"), str(tiny_assets / "drafter"), dataset=str(tiny_assets / "prompts.jsonl"),
-        max_samples=None, max_new_tokens=16, device="cpu", baselines=True, save_outputs=True, progress=False,
+        max_samples=None, max_new_tokens=16, device="cpu", dtype="float32", baselines=True, save_outputs=True, progress=False,
     )
     names = ["plain", "speculative", "zlab_reference", "transformers_builtin"]
     _check_schema(report, names)
