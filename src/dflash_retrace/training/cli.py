@@ -33,11 +33,8 @@ def register_cli(subparsers) -> None:
                     "the response). Multi-GPU: torchrun --nproc_per_node N -m dflash_retrace.cli train ... (or "
                     "accelerate launch). Writes the drafter (or LoRA adapter), summary.json and checkpoints/step-N.",
     )
-    p.add_argument("--target", required=True, help=TARGET_HELP)
-    p.add_argument("--data", default=None, help="JSONL (or datasets folder / Hub id), e.g. the output of `regenerate` "
-                                                "(not needed with --features)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--dtype", default="auto", help=f"target dtype: {DTYPE_HELP}")
+    _model_io(p, "JSONL (or datasets folder / Hub id), e.g. the output of `regenerate` (not needed with --features)",
+              "output folder", "auto", data_required=False)
     add_config_arguments(p, TrainConfig)
     p.set_defaults(func=_run_train)
 
@@ -46,12 +43,11 @@ def register_cli(subparsers) -> None:
         description="Per token: the hidden states of the chosen target layers (bf16), the target's own next-token "
                     "label and optionally its top-k logits, in memory-mapped shards with a manifest. Resumable.",
     )
-    p.add_argument("--target", required=True, help=TARGET_HELP)
-    p.add_argument("--data", required=True, help="JSONL rows as `train` reads them (e.g. the output of `regenerate`)")
-    p.add_argument("--out", required=True, help="store folder (an existing store is resumed)")
-    p.add_argument("--dtype", default="bfloat16", help=f"target dtype: {DTYPE_HELP}")
+    _model_io(p, "JSONL rows as `train` reads them (e.g. the output of `regenerate`)",
+              "store folder (an existing store is resumed)", "bfloat16")
     add_config_arguments(p, FeaturesConfig)
     p.set_defaults(func=_run_features)
+
     p = subparsers.add_parser(
         "corpus", help="build training prompts (or source-text rows) from text disjoint from the evaluation sets",
         description="Python stdlib functions and SOTU / Brown / Shakespeare excerpts, fetched with their ordinary "
@@ -66,6 +62,14 @@ def _run_regenerate(args: argparse.Namespace) -> int:
     config = config_from_args(RegenerateConfig, args, target_name=args.target)
     print(json.dumps(regenerate(target, tokenizer, args.prompts, args.out, config)))
     return 0
+
+
+def _model_io(parser, data_help: str, out_help: str, dtype: str, data_required: bool = True) -> None:
+    """--target, --data, --out and --dtype of the commands that run a target over training rows."""
+    parser.add_argument("--target", required=True, help=TARGET_HELP)
+    parser.add_argument("--data", required=data_required, default=None, help=data_help)
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--dtype", default=dtype, help=f"target dtype: {DTYPE_HELP}")
 
 
 def _run_features(args: argparse.Namespace) -> int:
