@@ -81,3 +81,16 @@ def test_store_without_the_drafter_layers_is_a_clear_error(target, store, tmp_pa
 def test_retrace_stage_refuses_features(store):
     with pytest.raises(ValueError, match="without --features"):
         _config(store[0], stage="retrace").resolved()
+
+
+def test_periodic_held_out_estimates_and_slot_tokens_are_logged(target, store, tmp_path):
+    store_dir, _ = store
+    train_drafter(target, None, None, tmp_path, _config(store_dir, max_steps=40, eval_size=2, eval_every=20,
+                                                       log_every=10, eval_prompts=1, eval_max_new_tokens=8))
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    slots = [r["slot_tokens"] for r in log]
+    assert slots == sorted(slots) and slots[0] > 0
+    estimates = [r for r in log if "held_out_tau_estimate" in r]
+    assert [r["step"] for r in estimates] == [20, 40]
+    later = estimates[-1]
+    assert later["held_out_tau_estimate"] >= 1.0 and len(later["held_out_slot_accuracy"]) == 7

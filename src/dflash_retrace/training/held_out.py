@@ -48,7 +48,7 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
     B = core.config.block_size
     correct = torch.zeros(B)
     counted = torch.zeros(B)
-    losses = []
+    losses, lead, full = [], 0, 0
     for index, ex in enumerate(examples):
         anchors = sample_anchors(ex.loss_mask, max_anchors, generator=anchor_generator(seed, 1 << 20, index))
         if anchors.numel() == 0:
@@ -63,9 +63,11 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
         losses.append(float(loss))
         correct += stats["correct"].cpu()
         counted += stats["counted"].cpu()
+        lead, full = lead + int(stats["lead"]), full + int(stats["full_blocks"])
     acc = (correct / counted.clamp_min(1))[1:]
     return {"loss": sum(losses) / len(losses) if losses else float("nan"),
-            "slot_accuracy": [round(float(a), 4) for a in acc], "blocks": int(counted[1])}
+            "slot_accuracy": [round(float(a), 4) for a in acc], "blocks": int(counted[1]),
+            "tau_estimate": 1 + lead / full if full else None, "full_chain_blocks": full}
 
 
 def held_out_metrics(model, target, held_out, cfg, attention) -> dict:
@@ -77,6 +79,7 @@ def held_out_metrics(model, target, held_out, cfg, attention) -> dict:
     return {
         "held_out_loss": ev["loss"],
         "held_out_slot_accuracy": ev["slot_accuracy"],  # slots 1..K, random anchors, no memory
+        "held_out_tau_estimate": ev["tau_estimate"],  # teacher-forced, on blocks of the target's own greedy chain
         "held_out_tau": acc["tau"],  # real generator, greedy, pooled over rounds, bonus included
         "held_out_tau_per_prompt": acc["tau_per_prompt"],
         "held_out_rounds": acc["rounds"],

@@ -45,7 +45,7 @@ from ..runtime import eos_token_ids, load_drafter
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
-from .held_out import held_out_metrics
+from .held_out import evaluate_slots, held_out_metrics
 from .features import FeatureStore, StoredRows, stored_features
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
@@ -63,14 +63,16 @@ class TrainState:
         self.epoch = 0
         self.updates_in_epoch = 0
         self.losses: list = []  # recent update losses (for the summary)
+        self.slot_tokens = 0  # supervised (anchor, slot) pairs seen, this process
 
     def state_dict(self):
         return {"step": self.step, "epoch": self.epoch, "updates_in_epoch": self.updates_in_epoch,
-                "losses": list(self.losses)}
+                "losses": list(self.losses), "slot_tokens": self.slot_tokens}
 
     def load_state_dict(self, state):
         self.step, self.epoch = state["step"], state["epoch"]
         self.updates_in_epoch, self.losses = state["updates_in_epoch"], list(state["losses"])
+        self.slot_tokens = state.get("slot_tokens", 0)
 
 
 def latest_checkpoint(out_dir) -> Path | None:
@@ -185,7 +187,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
         vocab = vocab_rows(sequences, eos_ids)
 
     model, state, updates_per_epoch, seconds = _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir,
-                                                         attention)
+                                                         attention, held_out)
     model = accelerator.unwrap_model(model).eval()
     drafter_core(model).config.retrace_beta = 1.0  # the inference value, saved with the config
     summary = None
@@ -273,7 +275,7 @@ def _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator):
     return dataset, rollout_tau
 
 
-def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attention):
+def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attention, held_out=()):
     """AdamW with a cosine schedule until `max_steps` / `epochs`; checkpoints, resume and logging.
     Returns (prepared model, TrainState, updates per epoch, seconds)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -307,7 +309,8 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
             lr = cfg.lr * cosine_lr(state.step, total, warmup)
             if cfg.stage == "retrace":  # beta lives in the config; the conditioner reads it every forward
                 core.config.retrace_beta = min(1.0, state.step / max(1, cfg.beta_warmup))
-            loss = step(batches[u * cfg.grad_accum : (u + 1) * cfg.grad_accum], state.epoch, lr)
+            loss, slots = step(batches[u * cfg.grad_accum : (u + 1) * cfg.grad_accum], state.epoch, lr)
+            state.slot_tokens += slots
             state.step, state.updates_in_epoch = state.step + 1, u + 1
             state.losses = (state.losses + [loss])[-50:]
             logged.append(loss)
@@ -315,7 +318,11 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             if state.step % cfg.log_every == 0 or state.step == total:
                 record = {"step": state.step, "epoch": state.epoch, "loss": sum(logged) / len(logged), "lr": lr,
-                          "elapsed_s": round(time.time() - started, 2)}
+                          "elapsed_s": round(time.time() - started, 2), "slot_tokens": state.slot_tokens * world}
+                if cfg.eval_every and held_out and main and state.step % cfg.eval_every == 0:
+                    ev = evaluate_slots(model, target, held_out[:32], cfg.max_anchors, cfg.gamma, cfg.seed,
+                                        attention, cfg.labels)
+                    record.update(held_out_slot_accuracy=ev["slot_accuracy"], held_out_tau_estimate=ev["tau_estimate"])
                 accelerator.log({k: v for k, v in record.items() if k != "step"}, step=state.step)
                 if main:
                     with open(out_dir / "train_log.jsonl", "a") as f:
@@ -357,7 +364,7 @@ class _Stepper:
         cfg, acc, device = self.cfg, self.accelerator, self.accelerator.device
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total = 0.0
+        total, slots = 0.0, 0
         for micro in micro_batches:
             with acc.accumulate(self.model):
                 items = [(i, self.dataset[i]) for i in micro]
@@ -379,7 +386,7 @@ class _Stepper:
                             vocab = torch.unique(torch.cat([vocab.to(device), label_ids[loss_mask]]))
                     else:
                         features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
-                    loss, _ = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
+                    loss, stats = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
                                                 chain=cfg.labels == "target-chain")
@@ -389,7 +396,8 @@ class _Stepper:
                 self.optimizer.step()  # accelerate steps only on the last micro-batch of the update
                 self.optimizer.zero_grad()
             total += float(acc.reduce(loss.detach(), "mean")) / len(micro_batches)
-        return total
+            slots += int(stats["counted"].sum())
+        return total, slots
 
 
 def _accelerator(cfg, out_dir, drafter):

@@ -348,9 +348,15 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         w = w * inside
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
     correct = (pred == labels).float()
+    hits = torch.zeros_like(label_valid).masked_scatter_(label_valid, correct.bool())  # (b, N*B)
+    full = label_valid.view(*label_valid.shape[:-1], -1, B)[..., 1:].all(-1)  # blocks with every slot supervised
+    lead = torch.cumprod(hits.view(*hits.shape[:-1], -1, B)[..., 1:].long(), dim=-1).sum(-1)  # leading hits
     stats = {
         "correct": torch.zeros(B, device=device).index_add_(0, slot, correct),
         "counted": torch.zeros(B, device=device).index_add_(0, slot, torch.ones_like(correct)),
+        # Teacher-forced acceptance: on blocks whose labels are the target's whole greedy chain, verification
+        # would accept the leading correct proposals; 1 + lead / full_blocks estimates τ (bonus included).
+        "lead": lead[full].sum(), "full_blocks": full.sum(),
     }
     return loss, stats
 
