@@ -15,7 +15,7 @@ from dflash_retrace.hub import PAYLOAD_FILES, write_payload
 ROOT = Path(__file__).resolve().parents[1]
 RETRACE = ROOT / "hub_configs" / "smollm2-135m-instruct-retrace"
 DFLASH = ROOT / "hub_configs" / "smollm2-135m-instruct-dflash"
-WIP = ROOT / "checkpoints" / "smollm2-135m-instruct-dflash-b8-wip"  # issue 13's first feature-store run (B=8)
+WIP = ROOT / "checkpoints" / "smollm2-135m-instruct-dflash-b8-wip"  # issue 13's feature-store drafter in progress (B=8)
 PROMPTS = [
     "Write a Python function that returns the factorial of n.",
     "What are three tips for staying focused while studying?",
@@ -23,8 +23,8 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 # Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 2 CPU threads: 1.25 for the ReTrace
-# drafter (72 rounds) and 1.23 for the DFlash drafter (73 rounds) (benchmarks: see the model cards), 1.20 for the
-# run-1 draft-vocabulary checkpoint (75 rounds, 1 thread; checkpoints/.../README.md). The floor
+# drafter (72 rounds) and 1.23 for the DFlash drafter (73 rounds) (benchmarks: see the model cards), 1.25 for the
+# work-in-progress draft-vocabulary checkpoint (72 rounds, 1 thread; checkpoints/.../README.md). The floor
 # sits below both with margin: drafting must really accept tokens, not just stay above the τ = 1 of no drafting.
 TAU_FLOOR = 1.15
 
