@@ -11,8 +11,6 @@ Either way the fields transformers' built-in DFlash path reads (`block_size`, `m
 `target_layer_ids`) end up at the top level.
 """
 
-import numbers
-
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
@@ -22,7 +20,7 @@ DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block size
 
 
 def check_block_size(block_size: int) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 2:
+    if isinstance(block_size, bool) or not hasattr(block_size, "__index__") or block_size < 2:  # any integer type
         raise ValueError(
             f"block_size must be >= 2 (an int: one anchor and at least one proposal slot), got {block_size!r}."
         )

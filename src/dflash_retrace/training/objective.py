@@ -315,9 +315,9 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     if draft is not None and vocab is not None:
         raise ValueError("This drafter has a draft vocabulary: its loss runs over it; do not also pass a loss "
                          "vocabulary (loss_vocab='data').")
-    inside = None
+    inside = None  # with a draft vocabulary: which labels it holds
     if draft is not None:
-        vocab, inside = draft.to(device), None  # pred and labels are mapped as for a loss vocabulary below
+        vocab = draft.to(device)  # pred and labels are mapped as for a loss vocabulary below
     if vocab is not None:
         vocab = vocab.to(device)
         position = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)

@@ -5,10 +5,10 @@ The target answers these prompts itself (`regenerate`), so its own outputs are t
 covers the kinds of requests a chat target gets: writing a solution to a specified function, explaining and
 completing code, step-by-step arithmetic word problems and writing tasks on prose excerpts. Sources:
 
-- **code**: Python standard library functions (see `train_data`); "solve" prompts show only the signature
+- **code**: Python standard library functions (see `corpus`); "solve" prompts show only the signature
   and docstring of a documented function;
 - **math**: word problems generated here from templates with seeded random names and numbers (no dataset);
-- **prose**: SOTU / Brown / Shakespeare excerpts (see `train_data`) with writing instructions.
+- **prose**: SOTU / Brown / Shakespeare excerpts (see `corpus`) with writing instructions.
 
 Every prompt sharing a 13-word window with HumanEval, MT-Bench or GSM8K test is dropped and counted.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import random
 
-from . import corpus as train_data
+from . import corpus
 
 SOLVE_TEMPLATES = (
     "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{code}\n```",
@@ -95,7 +95,7 @@ def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), ca
                      check_overlap=True) -> tuple:
     """(rows, manifest): `num_prompts` rows (`id`, `prompt`, `source`, `kind`, `template`), split by `shares`
     over (solve, code, math, writing+prose); deterministic for a given seed, interpreter and archives."""
-    rng, paths, funcs, _, _ = train_data._plan(10, seed, 0.5, cache_dir)
+    rng, paths, funcs, _, _ = corpus._plan(10, seed, 0.5, cache_dir)
     n_solve, n_code, n_math = (round(num_prompts * s) for s in shares[:3])
     n_prose = num_prompts - n_solve - n_code - n_math
     rows = []
@@ -103,26 +103,26 @@ def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), ca
     for k, (where, spec) in enumerate(solvable[:n_solve]):
         rows.append({"prompt": SOLVE_TEMPLATES[k % len(SOLVE_TEMPLATES)].format(code=spec.rstrip()),
                      "source": f"python-stdlib:{where}", "kind": "code", "template": f"solve{k % 3}"})
-    code_rows, _ = train_data.build_prompts(n_code, seed=seed + 1, code_share=1.0, cache_dir=cache_dir,
+    code_rows, _ = corpus.build_prompts(n_code, seed=seed + 1, code_share=1.0, cache_dir=cache_dir,
                                             check_overlap=False)
     rows += code_rows
     for k in range(n_math):
         rows.append({"prompt": _math_problem(rng), "source": "synthetic-math", "kind": "math", "template": "math"})
-    prose_rows, _ = train_data.build_prompts(n_prose // 2, seed=seed + 2, code_share=0.0, cache_dir=cache_dir,
+    prose_rows, _ = corpus.build_prompts(n_prose // 2, seed=seed + 2, code_share=0.0, cache_dir=cache_dir,
                                              check_overlap=False)
     rows += prose_rows
     writing = list(WRITING_TEMPLATES)
     per = [(n_prose - n_prose // 2) // 3 + (1 if i < (n_prose - n_prose // 2) % 3 else 0) for i in range(3)]
-    for name, _what, k, doc_name, text in train_data._prose_picks(paths, per, rng):
-        excerpt = (train_data._shakespeare_excerpt(text, rng) if name == "shakespeare"
-                   else train_data._words_excerpt(text, rng))
+    for name, _what, k, doc_name, text in corpus._prose_picks(paths, per, rng):
+        excerpt = (corpus._shakespeare_excerpt(text, rng) if name == "shakespeare"
+                   else corpus._words_excerpt(text, rng))
         tmpl = writing[(k + rng.randrange(len(writing))) % len(writing)]
         rows.append({"prompt": WRITING_TEMPLATES[tmpl].format(text=excerpt),
-                     "source": f"{train_data.SOURCES[name]['spec']}:{doc_name}", "kind": "prose",
+                     "source": f"{corpus.SOURCES[name]['spec']}:{doc_name}", "kind": "prose",
                      "template": f"writing/{tmpl}"})
     dropped, checked = 0, []
     if check_overlap:
-        rows, dropped, checked = train_data._drop_eval_overlap(rows, lambda r: r["prompt"])
+        rows, dropped, checked = corpus._drop_eval_overlap(rows, lambda r: r["prompt"])
     rows = list({r["prompt"]: r for r in rows}.values())  # exact duplicates (synthetic math) once
     rng.shuffle(rows)
     counts: dict = {}
