@@ -19,7 +19,7 @@ from dflash_retrace import DFlashConfig, DFlashDrafter, cli, default_target_laye
 from tiny import prompts
 
 REPO = Path(__file__).resolve().parents[1]
-PAYLOAD = ("configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py")
+PAYLOAD = hub.PAYLOAD_FILES
 CUSTOM_GENERATE = REPO / "hub_configs" / "custom_generate"
 BASE = "Qwen/Qwen3-0.6B"  # any Hub id: only the model card reads it
 NEW_TOKENS = 24

@@ -20,7 +20,7 @@ from dflash_retrace.training.corpus import CorpusConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "dflash_retrace"
-PAYLOAD = {"configuration_dflash", "modeling_dflash", "generation_dflash"}
+PAYLOAD = {p.stem for p in SRC.glob("*_dflash.py")}  # the Hub payload: flat, torch + transformers + siblings
 SHARED = {"__init__", "_moved", "assets", "config_cli", "prompts", "runtime", "templates"}
 COMMANDS = {"demo", "training", "evaluation", "hub"}  # a module, or a package of modules
 ENTRY = {"cli"}

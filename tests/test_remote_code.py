@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+from dflash_retrace.hub import PAYLOAD_FILES
 
 SCRIPT = textwrap.dedent(
     """
@@ -46,7 +47,7 @@ def test_fresh_process_trust_remote_code(qwen3_target, qwen3_drafter, train_prom
     qwen3_target.save_pretrained(tmp_path / "target")
     qwen3_drafter.save_pretrained(tmp_path / "drafter")
     files = sorted(p.name for p in (tmp_path / "drafter").iterdir())
-    assert {"configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py", "config.json"} <= set(files)
+    assert {*PAYLOAD_FILES, "config.json"} <= set(files)  # save_pretrained copies the whole payload
     prompts = [p[0].tolist() for p in train_prompts[:3]]
     result = _run(tmp_path / "target", tmp_path / "drafter", prompts)
     assert result["modules"] == [] and result["class"].startswith("transformers_modules")

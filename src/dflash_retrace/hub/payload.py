@@ -8,8 +8,9 @@ what it writes.
 import shutil
 from pathlib import Path
 
-PAYLOAD_FILES = ("configuration_dflash.py", "modeling_dflash.py", "generation_dflash.py")
 LIBRARY = Path(__file__).resolve().parents[1]
+# The payload is every `*_dflash.py` module of the library (flat; imports only torch, transformers and siblings).
+PAYLOAD_FILES = tuple(sorted(path.name for path in LIBRARY.glob("*_dflash.py")))
 
 
 def write_payload(folder) -> list:
