@@ -1,0 +1,214 @@
+"""Ablation of the drafter variants against plain DFlash: same data, same supervised tokens, same seed.
+
+Every variant is trained from the same DFlash drafter (`--init`; the variants' new weights start at zero, so each
+starts as an exact copy of it) on the same feature store for the same number of updates with the same seed; the
+`dflash` entry gets the same updates with no option, so every difference is the option's. Then one
+`dflash-retrace bench` per (set, temperature) times plain `generate()` once and every drafter against it on the same
+prompts, and the table reports τ, τ(variant)/τ(DFlash) with a paired-bootstrap 95% interval over prompts, slot-1
+acceptance, per-slot acceptance and the cost of a round.
+
+    python examples/ablation_variants.py --target smollm2-135m-instruct --features STORE \\
+        --init checkpoints/smollm2-135m-instruct-dflash-b8-wip --out results/ablation --steps 200 \\
+        --datasets humaneval:164,mt-bench:80,gsm8k:128 --temperatures 0,1 --max-new-tokens 64
+
+Resumable: a variant whose folder has `summary.json` is not retrained, a bench JSON that exists is not rerun.
+Writes OUT/ablation.json (every figure) and OUT/ablation.png (τ ratios with intervals; per-slot acceptance), and
+prints a Markdown table.
+"""
+
+import argparse
+import json
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = {  # name -> extra `train` flags (each adds zero-initialised weights to the --init drafter, or the loss)
+    "dflash": [],
+    "layerwise": ["--fusion", "layerwise"],
+    "steps": ["--step-embeddings"],
+    "kv-hybrid": ["--context", "hybrid"],
+    "kv": ["--context", "kv"],
+    "vat": ["--loss", "vat"],
+    "all": ["--fusion", "layerwise", "--step-embeddings", "--context", "hybrid", "--loss", "vat"],
+}
+
+
+def run(cmd, log):
+    print("$", shlex.join(cmd), flush=True)
+    with open(log, "a") as handle:
+        handle.write("$ " + shlex.join(cmd) + "\n")
+        handle.flush()
+        proc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}; see {log}")
+
+
+def train(args, name, flags, out):
+    folder = out / name
+    if (folder / "summary.json").exists():
+        return folder
+    cmd = [args.cli, "train", "--target", args.target, "--features", args.features, "--init", args.init,
+           "--out", str(folder), "--max-steps", str(args.steps), "--seed", str(args.seed), *flags,
+           *shlex.split(args.train_args)]
+    start = time.perf_counter()
+    run(cmd, out / f"train-{name}.log")
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["ablation_wall_s"] = time.perf_counter() - start
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    return folder
+
+
+def bench(args, folders, dataset, count, temperature, out):
+    path = out / f"bench-{dataset}-T{temperature:g}.json"
+    if path.exists():
+        return path
+    compare = [x for name, folder in folders.items() if name != "dflash" for x in ("--compare", f"{name}={folder}")]
+    cmd = [args.cli, "bench", "--target", args.target, "--drafter", str(folders["dflash"]), *compare,
+           "--dataset", dataset, "--max-samples", str(count), "--source-order", "--max-new-tokens",
+           str(args.max_new_tokens), "--temperature", str(temperature), "--seed", str(args.seed),
+           "--dtype", args.dtype, "--no-progress", "--output", str(path)]
+    run(cmd, out / "bench.log")
+    return path
+
+
+def method_name(name):
+    return "speculative" if name == "dflash" else f"speculative:{name}"
+
+
+def per_prompt(report, method):
+    return [(sum(p["methods"][method]["acceptance_lengths"]), len(p["methods"][method]["acceptance_lengths"]))
+            if p["methods"][method]["error"] is None else None for p in report["prompts"]]
+
+
+def ratio_interval(num, den, reps=2000, seed=0):
+    """Paired bootstrap over prompts of τ_num/τ_den (each τ pooled over the resampled prompts)."""
+    pairs = [(a, b) for a, b in zip(num, den) if a is not None and b is not None]
+    if not pairs:
+        return None
+
+    def ratio(sample):
+        ca, ra = sum(a[0] for a, _ in sample), sum(a[1] for a, _ in sample)
+        cb, rb = sum(b[0] for _, b in sample), sum(b[1] for _, b in sample)
+        return (ca / ra) / (cb / rb) if ra and rb and cb else float("nan")
+
+    rng = random.Random(seed)
+    draws = sorted(ratio([pairs[rng.randrange(len(pairs))] for _ in pairs]) for _ in range(reps))
+    return [draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]]
+
+
+def table(reports, names):
+    rows = []
+    for (dataset, temperature), report in reports.items():
+        methods = report["summary"]["methods"]
+        base = per_prompt(report, method_name("dflash"))
+        for name in names:
+            m = methods[method_name(name)]
+            rows.append({
+                "dataset": dataset, "T": temperature, "variant": name, "prompts": report["summary"]["num_prompts"],
+                "tau": m["tau_pooled"], "speedup": m["speedup"], "ms_per_round": m["ms_per_round"],
+                "per_slot": m["per_slot"]["rate"], "exact_rate": m["agreement"]["exact_rate"],
+                "tau_ratio": m["tau_pooled"] / methods[method_name("dflash")]["tau_pooled"],
+                "tau_ratio_ci": ratio_interval(per_prompt(report, method_name(name)), base),
+            })
+    return rows
+
+
+def markdown(rows):
+    lines = ["| T | set | variant | τ | τ / τ(DFlash) [95% CI] | slot-1 acc. | ms per round | speedup |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = r["tau_ratio_ci"]
+        ci = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        slot1 = (r["per_slot"] or [None])[0]
+        lines.append(f"| {r['T']:g} | {r['dataset']} ({r['prompts']}) | {r['variant']} | {r['tau']:.3f} | "
+                     f"{r['tau_ratio']:.3f}{ci} | {slot1 if slot1 is None else f'{slot1:.3f}'} | "
+                     f"{r['ms_per_round']:.1f} | {r['speedup']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(rows, names, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["dataset"], r["T"]) for r in rows}, key=lambda c: (c[1], c[0]))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(1, len(names) - 1)
+    others = [n for n in names if n != "dflash"]
+    for j, name in enumerate(others):
+        xs, ys, lo, hi = [], [], [], []
+        for i, cell in enumerate(cells):
+            r = next(r for r in rows if (r["dataset"], r["T"]) == cell and r["variant"] == name)
+            ci = r["tau_ratio_ci"] or [r["tau_ratio"]] * 2
+            xs.append(i + (j - (len(others) - 1) / 2) * width)
+            ys.append(r["tau_ratio"])
+            lo.append(r["tau_ratio"] - ci[0])
+            hi.append(ci[1] - r["tau_ratio"])
+        ax1.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=name)
+    ax1.axhline(1.0, color="grey", lw=1)
+    ax1.set_xticks(range(len(cells)), [f"{d}\nT={t:g}" for d, t in cells])
+    ax1.set_ylabel("τ(variant) / τ(DFlash), 95% CI")
+    ax1.legend(fontsize=8)
+    for name in names:
+        rates = [r["per_slot"] for r in rows if r["variant"] == name and r["T"] == 0 and r["per_slot"]]
+        if rates:
+            k = min(len(x) for x in rates)
+            ax2.plot(range(1, k + 1), [sum(x[i] for x in rates) / len(rates) for i in range(k)], marker="o",
+                     label=name)
+    ax2.set_xlabel("proposal slot")
+    ax2.set_ylabel("acceptance rate (T=0, mean over sets)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--features", required=True, help="feature store holding every variant's layers")
+    parser.add_argument("--init", required=True, help="the DFlash drafter every variant starts from")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=200, help="optimizer updates per variant (the same for all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument("--train-args", default="--labels target-chain --mixed-precision bf16 --grad-accum 4 "
+                        "--lr 3e-4 --warmup-ratio 0.02 --max-anchors 256 --eval-size 64 --eval-prompts 0 "
+                        "--save-dtype bfloat16 --no-progress", help="flags every variant's `train` shares")
+    parser.add_argument("--datasets", default="humaneval:164,mt-bench:80,gsm8k:128", help="set:prompts,...")
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--cli", default=str(Path(sys.executable).with_name("dflash-retrace")))
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "dflash" not in names:
+        raise SystemExit(f"--variants must include dflash and name only {sorted(VARIANTS)}; got {names}")
+    folders = {name: train(args, name, VARIANTS[name], out) for name in names}
+    reports = {}
+    for spec in args.datasets.split(","):
+        dataset, _, count = spec.partition(":")
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            path = bench(args, folders, dataset, int(count or 32), temperature, out)
+            reports[(dataset, temperature)] = json.loads(path.read_text())
+    rows = table(reports, names)
+    summaries = {name: json.loads((folders[name] / "summary.json").read_text()) for name in names}
+    (out / "ablation.json").write_text(json.dumps({
+        "command": shlex.join([sys.executable, *sys.argv]), "config": vars(args), "rows": rows,
+        "training": {name: {k: summaries[name].get(k) for k in ("steps", "final_loss", "held_out_loss",
+                                                                 "held_out_slot_accuracy", "train_seconds")}
+                     for name in names},
+    }, indent=2))
+    plot(rows, names, out / "ablation.png")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
