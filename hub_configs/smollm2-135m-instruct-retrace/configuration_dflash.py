@@ -53,6 +53,11 @@ def check_option(name: str, value) -> None:
         )
     if name == "block_size":
         check_block_size(value)
+    if name == "step_embeddings" and not isinstance(value, bool):
+        raise ValueError(
+            f"step_embeddings must be True or False, got {value!r}: True adds PAD-Rec step-position embeddings "
+            "(`steps.*` weights) to the proposal slots."
+        )
     if name == "hidden_act" and value not in ACT2FN:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
@@ -76,6 +81,9 @@ class DFlashConfig(PretrainedConfig):
         retrace (`bool`, defaults to `False`):
             Adds the ReTrace conditioner (`retrace.*` weights), which feeds the previous round's
             rejected suffix into the next block.
+        step_embeddings (`bool`, defaults to `False`):
+            Adds PAD-Rec step-position embeddings (`steps.*` weights; see `steps_dflash`): a zero-initialised
+            embedding per proposal slot, scaled by a gate read from the context at the last committed position.
         retrace_beta (`float`, defaults to 1.0):
             Scale of the ReTrace correction term at inference.
         proposal_policy (`str`, defaults to `"argmax"`):
@@ -116,6 +124,7 @@ class DFlashConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         retrace: bool = False,
         retrace_beta: float = 1.0,
+        step_embeddings: bool = False,
         proposal_policy: str = "argmax",
         input_embedding_scale: float | None = None,
         output_multiplier: float | None = None,
@@ -158,6 +167,7 @@ class DFlashConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.retrace = bool(retrace)
         self.retrace_beta = float(retrace_beta)
+        self.step_embeddings = step_embeddings
         self.proposal_policy = proposal_policy
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)

@@ -42,6 +42,7 @@ from .layers_dflash import (  # noqa: F401  (re-exported: the building blocks we
     rotate_half,
     sdpa_attention,
 )
+from .steps_dflash import StepEmbeddings
 
 try:  # transformers >= 5: init functions that skip weights already loaded from a checkpoint
     from transformers import initialization as init
@@ -62,7 +63,9 @@ class DFlashPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if isinstance(module, StepEmbeddings):  # E = 0: starts as plain DFlash (its gate is a Linear, below)
+            init.zeros_(module.table)
+        elif isinstance(module, nn.Linear):
             if getattr(module, "_zero_init", False):  # ReTrace W_v: starts as plain DFlash
                 init.zeros_(module.weight)
             else:
@@ -93,6 +96,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.retrace = ReTraceConditioner(config) if config.retrace else None
+        self.steps = StepEmbeddings(config) if config.step_embeddings else None  # PAD-Rec (reconstruction)
         # Draft vocabulary: target ids of the head rows (saved with the weights); None = the full vocabulary.
         self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
                              torch.arange(config.draft_vocab_size, dtype=torch.long))
@@ -132,8 +136,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         Missing, unexpected or mismatched drafter weights mean the config disagrees with the checkpoint (a
         missing `num_hidden_layers`, `target_layer_ids` of another length, ...); the error names the keys and
-        the config value. Only ReTrace weights may be missing altogether: `retrace=True` on a DFlash checkpoint
-        adds them zero-initialised.
+        the config value. Only ReTrace or step-embedding weights may be missing altogether: `retrace=True` /
+        `step_embeddings=True` on a DFlash checkpoint adds them zero-initialised.
         """
         wants_info = kwargs.pop("output_loading_info", False)
         kwargs["ignore_mismatched_sizes"] = True  # report mismatches below, with the config value that disagrees
@@ -199,6 +203,15 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 self._init_weights(module)
         return self
 
+    def add_step_embeddings(self) -> "DFlashDrafter":
+        """Adds zero-initialised step-position embeddings in place (the drafter then behaves exactly as before)."""
+        if self.steps is None:
+            self.config.step_embeddings = True
+            param = self.fc.weight
+            self.steps = StepEmbeddings(self.config).to(device=param.device, dtype=param.dtype)
+            self.steps.apply(self._init_weights)
+        return self
+
     # --------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -236,6 +249,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + ctx_len + q_len, device=noise_embeds.device)[None]
         hidden_states = noise_embeds.to(self.fc.weight.dtype)
+        if self.steps is not None:  # step embeddings, then ReTrace: both on the block's embeddings
+            hidden_states = self.steps(hidden_states, context, position_ids, self.config.block_size)
         if retrace_memory is not None:
             if self.retrace is None:
                 raise ValueError("retrace_memory was given but this drafter has no ReTrace weights (config.retrace=False).")
@@ -368,8 +383,10 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     config = drafter.config
     missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
     mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
-    if missing and missing == {k for k in drafter.state_dict() if k.startswith("retrace.")}:
-        missing = set()  # a DFlash checkpoint loaded with retrace=True: zero-initialised ReTrace weights
+    for prefix in ("retrace.", "steps."):  # a DFlash checkpoint loaded with retrace / step_embeddings=True:
+        added = {k for k in drafter.state_dict() if k.startswith(prefix)}  # those weights start zero-initialised
+        if added and added <= missing:
+            missing -= added
     if not (missing or unexpected or mismatched):
         return
 
@@ -395,14 +412,17 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     if any(k.startswith("retrace.") for k in unexpected) and not config.retrace:
         problems.append("the checkpoint has ReTrace weights (retrace.*) but config retrace=False: load it with "
                         "retrace=True (or set \"retrace\": true in config.json)")
-    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.")))
+    if any(k.startswith("steps.") for k in unexpected) and not config.step_embeddings:
+        problems.append("the checkpoint has step-position embeddings (steps.*) but config step_embeddings=False: load "
+                        "it with step_embeddings=True (or set \"step_embeddings\": true in config.json)")
+    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.")))
     other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
-    other += sorted(k for k in missing if k.startswith("retrace."))
+    other += sorted(k for k in missing if k.startswith(("retrace.", "steps.")))
     if other:
         problems.append(
             f"weights that do not fit: {', '.join(other[:8])}{' ...' if len(other) > 8 else ''}; check the shape "
             "fields of config.json (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, "
-            "head_dim, retrace) against the checkpoint"
+            "head_dim, retrace, step_embeddings, block_size) against the checkpoint"
         )
     keys = sorted(missing | unexpected)
     raise ValueError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..config_cli import comma_ints, option
 from ..configuration_dflash import DEFAULT_BLOCK_SIZE
+from .objective import LOSSES
 
 __all__ = ["LORA_TARGETS", "STAGE_DEFAULTS", "TrainConfig"]
 
@@ -41,6 +42,8 @@ class TrainConfig:
     target_layer_ids: list | None = option(None, "fresh drafter: comma-separated target layer ids (overrides "
                                                  "--num-target-features)", type=comma_ints)
     mask_token_id: int | None = option(None, "fresh drafter: MASK token id (default: the last embedding row)")
+    step_embeddings: bool = option(False, "add PAD-Rec step-position embeddings (zero-initialised, so an --init "
+                                          "DFlash drafter starts unchanged) and train them with the drafter")
     # Data.
     features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
                                         "running the target's layers (its embedding and LM head only); --data is "
@@ -71,8 +74,11 @@ class TrainConfig:
     weight_decay: float = option(0.01, "AdamW weight decay, on matrices only (not norms or biases)")
     warmup_ratio: float | None = option(None, "warm-up share of the updates; " + _per_stage("warmup_ratio"))
     max_grad_norm: float = option(1.0, "gradient clip")
-    gamma: float | None = option(None, "slot-weight decay exp(-(k-1)/gamma); default: 7 for B=16, 4 for B=8, "
-                                       "scaled with B otherwise")
+    gamma: float | None = option(None, "slot-weight decay exp(-(k-1)/gamma) (VAT: exp(-(k-k*)/gamma)); default: 7 "
+                                       "for B=16, 4 for B=8, scaled with B otherwise")
+    loss: str = option("dflash", "slot weights: dflash (decay from slot 1) or vat (verification-aware: full weight "
+                                 "up to each block's first would-be rejection under the drafter's own argmax, decay "
+                                 "from there); held-out loss is always the dflash one", choices=list(LOSSES))
     mixed_precision: str = option("no", "accelerate autocast (fp32 master weights either way)",
                                   choices=["no", "bf16", "fp16"])
     attention: str = option("auto", "block rule: dense bool mask (any device), local (the same rule computed per "

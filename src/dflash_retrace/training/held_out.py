@@ -43,7 +43,9 @@ def measure_acceptance(target, drafter, prompts, max_new_tokens=256) -> dict:
 def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=0, attention="dense",
                    labels="data") -> dict:
     """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory). Stored rows
-    (`StoredRef`) bring their features and the target's labels (used unless `labels` is "data")."""
+    (`StoredRef`) bring their features and the target's labels (used unless `labels` is "data").
+
+    The loss is the plain DFlash one whatever the training loss (`--loss vat` included), so runs stay comparable."""
     core = drafter_core(drafter)
     B = core.config.block_size
     correct = torch.zeros(B)

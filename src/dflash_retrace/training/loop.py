@@ -17,6 +17,9 @@ training prompts record each round's anchor and the memory that entered it; trai
 round as a block anchored there with that memory (detached), DFlash loss on the committed continuation.
 Rounds without memory are plain DFlash blocks. `beta` ramps 0 -> 1 over `beta_warmup` updates.
 
+Either stage: `step_embeddings` adds zero-initialised PAD-Rec step-position embeddings (`add_step_embeddings`);
+`loss="vat"` weighs slots verification-aware (`objective.vat_weights`); held-out loss stays the DFlash one.
+
 Output folder: the drafter (`save_pretrained`: weights, config with auto_map, payload code) or, with
 LoRA, the adapter (+ `base/` when the base drafter exists nowhere else); `summary.json`;
 `train_config.json`; `train_log.jsonl`; `checkpoints/step-N` (accelerate state, resumed from the latest
@@ -112,11 +115,17 @@ def _build_drafter(target, cfg, drafter):
         )
     elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
         check_block_size(cfg.block_size)
+        if drafter.steps is not None:
+            raise ValueError(f"The --init drafter has step-position embeddings for block_size="
+                             f"{drafter.config.block_size}: it cannot be re-targeted to {cfg.block_size} (drop "
+                             "--block-size, or start from its DFlash backbone).")
         print(f"[train] block size {drafter.config.block_size} -> {cfg.block_size} (the weights do not depend on it)")
         drafter.config.block_size = cfg.block_size
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
+    if cfg.step_embeddings:
+        drafter.add_step_embeddings()
     return drafter.float()  # fp32 master weights; mixed precision only autocasts the compute
 
 
@@ -125,8 +134,9 @@ def _apply_lora(drafter, cfg):
 
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=LORA_TARGETS,
-        # The ReTrace conditioner is new in that stage: trained in full and saved with the adapter.
-        modules_to_save=["retrace"] if cfg.stage == "retrace" else None,
+        # The ReTrace conditioner / step embeddings are new: trained in full and saved with the adapter.
+        modules_to_save=(["retrace"] if cfg.stage == "retrace" else []) + (["steps"] if cfg.step_embeddings else [])
+        or None,
     )
     return get_peft_model(drafter, lora)
 
@@ -245,7 +255,7 @@ def _prepare_model(target, cfg, drafter, out_dir, save_dtype, main):
         for name, param in drafter.named_parameters():
             param.requires_grad_(name.startswith("retrace."))
     if cfg.lora and main and _lora_base_path(cfg, out_dir) == (out_dir / "base").resolve():
-        # A fresh drafter, or one that just gained ReTrace weights: the adapter needs this exact base, which
+        # A fresh drafter, or one that just gained ReTrace / step weights: the adapter needs this exact base, which
         # LoRA training leaves untouched, so it is saved now.
         copy.deepcopy(drafter).to(save_dtype).save_pretrained(out_dir / "base")
     return _apply_lora(drafter, cfg) if cfg.lora else drafter
@@ -389,7 +399,7 @@ class _Stepper:
                     loss, stats = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
-                                                chain=cfg.labels == "target-chain")
+                                                chain=cfg.labels == "target-chain", loss=cfg.loss)
                 acc.backward(loss)
                 if acc.sync_gradients and cfg.max_grad_norm:
                     acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -432,7 +442,7 @@ def _prepare_out_dir(out_dir, cfg):
 
 def _lora_base_path(cfg, out_dir) -> Path:
     """Where the adapter's base drafter lives: `init` if LoRA trains on it as is, else `out_dir/base`."""
-    if cfg.init is not None and cfg.stage == "dflash":
+    if cfg.init is not None and cfg.stage == "dflash" and not cfg.step_embeddings:
         return Path(cfg.init).resolve()
     return (Path(out_dir) / "base").resolve()
 

@@ -8,7 +8,8 @@ sequence: computed online by `target_features`, or precomputed and passed as `fe
 - each block is `[x_p, MASK x K]` at positions p..p+K; all blocks form one query stream;
 - a block query sees context features of positions < p (at inference the anchor has no features yet)
   and its own block (bidirectionally), nothing else;
-- slot k predicts x_{p+k}; CE weighted w_k = exp(-(k-1)/gamma), normalised over valid slots.
+- slot k predicts x_{p+k}; CE weighted w_k = exp(-(k-1)/gamma), normalised over valid slots
+  (`loss="vat"`: verification-aware weights instead, see `vat_weights`).
 
 Batches: `input_ids`/`loss_mask` (b, T) right-padded (padding has loss_mask False) and `anchors` (b, N)
 padded with -1. A padding block sees no context, only itself, and has no labels.
@@ -165,6 +166,28 @@ def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     return w
 
 
+LOSSES = ("dflash", "vat")
+
+
+@torch.no_grad()
+def vat_weights(hits, label_valid, block_size: int, gamma: float) -> torch.Tensor:
+    """VAT (verification-aware training) slot weights, shaped as `label_valid` (..., N*B).
+
+    Per block, k* is the first proposal slot whose prediction misses its label (the first would-be rejection;
+    no miss: the last slot). w_k = 1 for k <= k*, exp(-(k - k*)/gamma) beyond: the DFlash decay re-anchored at the
+    first rejection instead of slot 1 (k* = 1 gives the DFlash weights). Slots without a label weigh 0.
+    `hits` (..., N*B) bool: the drafter's prediction equals the label (detached)."""
+    shape = label_valid.shape
+    valid = label_valid.reshape(*shape[:-1], -1, block_size)  # (..., N, B)
+    miss = valid & ~hits.reshape(valid.shape).bool()
+    miss[..., 0] = False  # the anchor is no proposal
+    k = torch.arange(block_size, device=valid.device, dtype=torch.float32)
+    first = miss.float().argmax(-1).float()  # index of the first miss (argmax returns the first maximum)
+    k_star = torch.where(miss.any(-1), first, torch.full_like(first, block_size - 1))[..., None]  # (..., N, 1)
+    w = torch.where(k <= k_star, torch.ones_like(k_star), torch.exp(-(k - k_star) / gamma))
+    return (w * valid).reshape(shape)
+
+
 @torch.no_grad()
 def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False, with_labels=False):
     """`context_features` of one target forward, (b, T, n*H); plus the final-norm states and/or the target's own
@@ -281,9 +304,13 @@ def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
 
 
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
-                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False):
+                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False,
+                      loss="dflash"):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
+
+    `loss`: "dflash" (w_k = exp(-(k-1)/gamma)) or "vat" (`vat_weights`: full weight up to each block's first
+    would-be rejection under the drafter's own argmax over the training vocabulary, decay from there).
 
     `vocab`: sorted token ids (see `vocab_rows`) to restrict the softmax to (every label must be among them);
     the LM head then costs len(vocab)/V of the full one. None: the full vocabulary. `label_ids`: per-position
@@ -295,6 +322,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
     logits never all live at once.
     """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
     core = drafter_core(drafter)
     B = core.config.block_size
     gamma = gamma or default_gamma(B)
@@ -343,22 +372,29 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     ce, pred = torch.cat(ce_parts), torch.cat(pred_parts)
     if vocab is not None:
         pred, labels = vocab[pred], labels_full
-    w = slot_weights(B, gamma, device)[slot]
+    correct = (pred == labels).float()
+    hits = torch.zeros_like(label_valid).masked_scatter_(label_valid, correct.bool())  # (b, N*B)
+    if loss == "vat":
+        w = vat_weights(hits, label_valid, B, gamma)[label_valid]
+    else:
+        w = slot_weights(B, gamma, device)[slot]
     if inside is not None:
         w = w * inside
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
-    correct = (pred == labels).float()
-    hits = torch.zeros_like(label_valid).masked_scatter_(label_valid, correct.bool())  # (b, N*B)
+    return loss, _slot_stats(correct, hits, label_valid, slot, B)
+
+
+def _slot_stats(correct, hits, label_valid, slot, B) -> dict:
+    """Per-slot `correct` / `counted` (B,) and the teacher-forced acceptance counts of `dflash_block_loss`."""
     full = label_valid.view(*label_valid.shape[:-1], -1, B)[..., 1:].all(-1)  # blocks with every slot supervised
     lead = torch.cumprod(hits.view(*hits.shape[:-1], -1, B)[..., 1:].long(), dim=-1).sum(-1)  # leading hits
-    stats = {
-        "correct": torch.zeros(B, device=device).index_add_(0, slot, correct),
-        "counted": torch.zeros(B, device=device).index_add_(0, slot, torch.ones_like(correct)),
+    return {
+        "correct": torch.zeros(B, device=correct.device).index_add_(0, slot, correct),
+        "counted": torch.zeros(B, device=correct.device).index_add_(0, slot, torch.ones_like(correct)),
         # Teacher-forced acceptance: on blocks whose labels are the target's whole greedy chain, verification
         # would accept the leading correct proposals; 1 + lead / full_blocks estimates τ (bonus included).
         "lead": lead[full].sum(), "full_blocks": full.sum(),
     }
-    return loss, stats
 
 
 def cosine_lr(step: int, total: int, warmup: int) -> float:
