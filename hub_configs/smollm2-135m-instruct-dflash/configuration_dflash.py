@@ -14,6 +14,8 @@ Either way the fields transformers' built-in DFlash path reads (`block_size`, `m
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .kv_dflash import CONTEXT_MODES
+
 PROPOSAL_POLICIES = ("argmax", "sample")
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block size
@@ -58,6 +60,16 @@ def check_option(name: str, value) -> None:
             f"step_embeddings must be True or False, got {value!r}: True adds PAD-Rec step-position embeddings "
             "(`steps.*` weights) to the proposal slots."
         )
+    if name == "context" and value not in CONTEXT_MODES:
+        raise ValueError(
+            f"context must be {' or '.join(map(repr, CONTEXT_MODES))}, got {value!r}: 'hidden' attends to the fused "
+            "target hidden states (DFlash), 'kv' to the target's KV cache instead, 'hybrid' to both (KVShot).")
+    if name == "kv_layer_ids" and value is not None and (
+        isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+        or not all(hasattr(i, "__index__") and not isinstance(i, bool) and i >= 0 for i in value)
+    ):
+        raise ValueError(f"kv_layer_ids must be a list of target decoder layer ids (ints >= 0) or None for the "
+                         f"default, got {value!r}: e.g. kv_layer_ids=[2, 3] for a 2-layer drafter.")
     if name == "hidden_act" and value not in ACT2FN:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
@@ -90,6 +102,13 @@ class DFlashConfig(PretrainedConfig):
             How proposals are drawn when the target samples: `"argmax"` (a point-mass proposal, exact
             under rejection sampling) or `"sample"` (each slot drawn from its own distribution).
             Greedy decoding always uses argmax.
+        context (`str`, defaults to `"hidden"`):
+            What the drafter's layers attend to (KVShot, see `kv_dflash`): `"hidden"` the fused target hidden
+            states (DFlash), `"kv"` the target's KV cache of `kv_layer_ids` instead, `"hybrid"` both (the KV part
+            through zero-initialised `layers.*.self_attn.kv.*` weights).
+        kv_layer_ids (`list[int]`, optional):
+            Target decoder layer whose KV cache each drafter layer reads (one per drafter layer; kv/hybrid only).
+            Default: evenly spaced over the target's upper half, ending at its last layer.
         input_embedding_scale (`float`, defaults to 1.0):
             Multiplies the raw target embedding rows fed to the block (z-lab convention).
         output_multiplier (`float`, defaults to 1.0), final_logit_softcapping (`float`, optional):
@@ -130,6 +149,8 @@ class DFlashConfig(PretrainedConfig):
         output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
         draft_vocab_size: int | None = None,
+        context: str = "hidden",
+        kv_layer_ids: list | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -178,6 +199,8 @@ class DFlashConfig(PretrainedConfig):
         if target_layer_ids is None and num_target_layers is not None:
             target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
+        self.context = context
+        self.kv_layer_ids = [int(i) for i in kv_layer_ids] if kv_layer_ids is not None else None
         super().__init__(**kwargs)
 
     def __setattr__(self, key, value):

@@ -10,7 +10,9 @@ cropping; this generator only proposes. Per round, with the anchor (last committ
    remaining budget, cut after the first EOS and before the first token at which another stopping
    criterion (stop strings, a custom one) would fire;
 3. the logits the proposals were drawn from (after logits processors) go back for exact sampling;
-4. ReTrace: the drafter states m and the target's verification states u of the rejected suffix are
+4. KVShot (`context="kv"|"hybrid"`): the target's own cache, which transformers has just cropped to the committed
+   positions before the anchor, is handed to the drafter as views (no extra target work);
+5. ReTrace: the drafter states m and the target's verification states u of the rejected suffix are
    shifted by a + 1 (a accepted) into the next block's slots.
 """
 
@@ -25,6 +27,8 @@ import transformers
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
+
+from .kv_dflash import read_target_kv
 
 SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
 
@@ -169,6 +173,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.layer_ids = list(config.target_layer_ids)
         self.num_target_layers = target.config.get_text_config().num_hidden_layers
         self.use_retrace = self.drafter.retrace is not None
+        self.context_mode = getattr(config, "context", "hidden")
         self.input_embeddings = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         if self.lm_head is None:
@@ -244,12 +249,18 @@ class DFlashCandidateGenerator(CandidateGenerator):
         block_ids[:, 0] = input_ids[0, -1]
         positions = torch.arange(self.context_length, seq_len - 1 + block_len, device=self.device)[None]
         noise = self.drafter.embed_block(self.input_embeddings, block_ids).to(self.device, self.dtype)
+        kv = {}
+        if self.context_mode != "hidden":  # the target cache holds exactly positions 0..seq_len-2 here
+            target_cache = (model_kwargs or {}).get("cache", (model_kwargs or {}).get("past_key_values"))
+            kv["target_kv"] = read_target_kv(target_cache, self.drafter.config.kv_layer_ids, seq_len - 1,
+                                             self.device, self.dtype)
         out = self.drafter(
             noise_embeds=noise,
             context_hidden_states=features.to(self.device, self.dtype),
             position_ids=positions,
-            cache=self.cache,
+            cache=None if self.context_mode == "kv" else self.cache,  # "kv": the target's cache is the context
             retrace_memory=memory,
+            **kv,
         )
         self.context_length = seq_len - 1
         self.cache.crop(self.context_length)  # the block's keys/values never stay
@@ -431,6 +442,11 @@ def install_dispatch() -> None:
             drafter.last_stats = None  # transformers' own generator runs: no statistics from this call
         if drafter is not None and _get_candidate_generator.enabled:
             if getattr(config, "speculation_type", None) == "dflash":
+                if getattr(drafter.config, "context", "hidden") != "hidden":
+                    raise ValueError(
+                        f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
+                        f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
+                        "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
                 if drafter.retrace is not None:
                     warnings.warn(
                         "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "

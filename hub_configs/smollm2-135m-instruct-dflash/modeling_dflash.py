@@ -43,6 +43,7 @@ from .layers_dflash import (  # noqa: F401  (re-exported: the building blocks we
     sdpa_attention,
 )
 from .steps_dflash import StepEmbeddings
+from .kv_dflash import TargetKVAttention, check_kv_target, check_target_kv, resolve_kv_layer_ids
 
 try:  # transformers >= 5: init functions that skip weights already loaded from a checkpoint
     from transformers import initialization as init
@@ -66,7 +67,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
         if isinstance(module, StepEmbeddings):  # E = 0: starts as plain DFlash (its gate is a Linear, below)
             init.zeros_(module.table)
         elif isinstance(module, nn.Linear):
-            if getattr(module, "_zero_init", False):  # ReTrace W_v: starts as plain DFlash
+            if getattr(module, "_zero_init", False):  # ReTrace W_v, hybrid kv.o_proj: start as plain DFlash
                 init.zeros_(module.weight)
             else:
                 init.normal_(module.weight, mean=0.0, std=std)
@@ -90,6 +91,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "DFlashConfig needs `target_layer_ids` (or `num_target_layers` to derive them). "
                 "Build a fresh drafter with `DFlashDrafter.from_target(target, ...)`."
             )
+        resolve_kv_layer_ids(config)
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = DFlashRotaryEmbedding(config)
@@ -212,6 +214,23 @@ class DFlashDrafter(DFlashPreTrainedModel):
             self.steps.apply(self._init_weights)
         return self
 
+    def set_context(self, context: str, kv_layer_ids: list | None = None) -> "DFlashDrafter":
+        """Switches what the layers attend to (KVShot, see `kv_dflash`) in place. "hybrid" adds zero-initialised
+        `layers.*.self_attn.kv.*` weights (the drafter then drafts exactly as before); "kv" adds none but does NOT
+        draft as before (its keys now come from the target): train it."""
+        self.config.context = context
+        self.config.kv_layer_ids = kv_layer_ids if kv_layer_ids is not None else self.config.kv_layer_ids
+        resolve_kv_layer_ids(self.config)
+        param = self.fc.weight
+        for layer in self.layers:
+            attn = layer.self_attn
+            if context != "hybrid":
+                attn.kv = None
+            elif attn.kv is None:
+                attn.kv = TargetKVAttention(self.config).to(device=param.device, dtype=param.dtype)
+                self._init_weights(attn.kv.o_proj)
+        return self
+
     # --------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -221,6 +240,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         cache=None,
         retrace_memory: ReTraceMemory | None = None,
+        target_kv: list | None = None,
         past_key_values=None,
         use_cache: bool | None = None,
         **kwargs,
@@ -236,10 +256,18 @@ class DFlashDrafter(DFlashPreTrainedModel):
             `DFlashContextCache`); receives context and block keys/values, the caller crops the block.
             `past_key_values` is accepted as the pre-5.24 name of the same argument.
         retrace_memory: previous-round memory aligned to the query stream (ReTrace drafters only).
+        target_kv: context="kv"/"hybrid" drafters only: per drafter layer, the (keys, values) (b, kvh, T, d) that target
+            layer `kv_layer_ids[d]` cached for the T context positions (RoPE applied by the target). In "kv" mode the
+            keys are [target_kv ; block] and `attention_mask` spans them (T + q); in "hybrid" its first T columns
+            mask the target part.
         Returns `last_hidden_state` (b, q, H) after the final norm, in the dtype of `noise_embeds`: transformers'
         built-in DFlash path embeds with the target and applies the target's LM head to it directly.
         """
         cache = cache if cache is not None else past_key_values
+        check_target_kv(self.config, target_kv)
+        if (self.config.context == "hybrid") != (self.layers[0].self_attn.kv is not None):
+            raise ValueError(f"config.context={self.config.context!r} was set without the weights it needs: use "
+                             "`drafter.set_context(...)` (or from_pretrained(..., context=...)).")
         bsz, q_len, hidden = noise_embeds.shape
         if context_hidden_states is None:
             context_hidden_states = noise_embeds.new_zeros(bsz, 0, self.fc.in_features)
@@ -258,8 +286,9 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         mask = _as_bool_mask(attention_mask, q_len)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
+        for i, layer in enumerate(self.layers):
+            layer_kv = None if target_kv is None else target_kv[i]
+            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, layer_kv)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
@@ -339,6 +368,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 f"mask_token_id={cfg.mask_token_id} is not a row of the target's input embedding (0..{num_rows - 1}). "
                 "Set `drafter.config.mask_token_id` to a token id of the target's vocabulary (DFlash Qwen3 drafters use 151669)."
             )
+        check_kv_target(cfg, tc, name)
         head_rows = target.get_output_embeddings().weight.shape[0]
         if self.draft_to_target is not None and int(self.draft_to_target.max()) >= head_rows:
             raise ValueError(
@@ -383,15 +413,18 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     config = drafter.config
     missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
     mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
-    for prefix in ("retrace.", "steps."):  # a DFlash checkpoint loaded with retrace / step_embeddings=True:
-        added = {k for k in drafter.state_dict() if k.startswith(prefix)}  # those weights start zero-initialised
-        if added and added <= missing:
-            missing -= added
+    # A DFlash checkpoint loaded with retrace=True / step_embeddings=True / context="hybrid": whole groups of
+    # zero-initialised weights may be missing.
+    state = drafter.state_dict()
+    for group in ({k for k in state if k.startswith("retrace.")}, {k for k in state if k.startswith("steps.")},
+                  {k for k in state if ".self_attn.kv." in k}):
+        if group and group <= missing:
+            missing -= group
     if not (missing or unexpected or mismatched):
         return
 
     def layer_ids(keys):
-        return {int(k.split(".")[1]) for k in keys if k.startswith("layers.")}
+        return {int(k.split(".")[1]) for k in keys if k.startswith("layers.") and ".self_attn.kv." not in k}
 
     problems = []
     if layer_ids(missing) or layer_ids(unexpected):
@@ -415,6 +448,9 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     if any(k.startswith("steps.") for k in unexpected) and not config.step_embeddings:
         problems.append("the checkpoint has step-position embeddings (steps.*) but config step_embeddings=False: load "
                         "it with step_embeddings=True (or set \"step_embeddings\": true in config.json)")
+    if any(".self_attn.kv." in k for k in unexpected) and config.context != "hybrid":
+        problems.append("the checkpoint has hybrid target-KV weights (layers.*.self_attn.kv.*) but config "
+                        f"context={config.context!r}: load it with context=\"hybrid\" (or set it in config.json)")
     other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.")))
     other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
     other += sorted(k for k in missing if k.startswith(("retrace.", "steps.")))

@@ -11,6 +11,7 @@ from transformers.activations import ACT2FN
 
 from .configuration_dflash import DFlashConfig
 from .generation_dflash import ReTraceMemory
+from .kv_dflash import TargetKVAttention
 
 class DFlashRMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -100,10 +101,14 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
         self.q_norm = DFlashRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = DFlashRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        # KVShot hybrid: a second attention over the target's K/V, zero-initialised output (see kv_dflash).
+        self.kv = TargetKVAttention(config) if config.context == "hybrid" else None
 
-    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, target_kv=None):
         bsz, q_len, _ = hidden_states.shape
-        kv_input = torch.cat([context, hidden_states], dim=1)  # (b, c + q, H): context first, then the block
+        kv_only = self.config.context == "kv"  # keys: the target's cached K/V, then the block's (no drafter context)
+        # (b, c + q, H): context first, then the block
+        kv_input = hidden_states if kv_only else torch.cat([context, hidden_states], dim=1)
         query = self.q_norm(self.q_proj(hidden_states).view(bsz, q_len, -1, self.head_dim)).transpose(1, 2)
         key = self.k_norm(self.k_proj(kv_input).view(bsz, kv_input.shape[1], -1, self.head_dim)).transpose(1, 2)
         value = self.v_proj(kv_input).view(bsz, kv_input.shape[1], -1, self.head_dim).transpose(1, 2)
@@ -111,8 +116,11 @@ class DFlashAttention(nn.Module):
         cos, sin = position_embeddings  # (b, c + q, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         query = query * cos[..., -q_len:, :] + rotate_half(query) * sin[..., -q_len:, :]
-        key = key * cos + rotate_half(key) * sin
-        if cache is not None:
+        key = key * cos[..., -key.shape[2]:, :] + rotate_half(key) * sin[..., -key.shape[2]:, :]
+        if kv_only:  # target keys are rotated (and k-normed) by the target already
+            key = torch.cat([target_kv[0].to(key.dtype), key], dim=2)
+            value = torch.cat([target_kv[1].to(value.dtype), value], dim=2)
+        elif cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
 
         impl = self.config._attn_implementation or "sdpa"
@@ -127,7 +135,8 @@ class DFlashAttention(nn.Module):
             out, _ = ALL_ATTENTION_FUNCTIONS[impl](
                 self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, is_causal=False
             )
-        return self.o_proj(out.reshape(bsz, q_len, -1))
+        out = self.o_proj(out.reshape(bsz, q_len, -1))
+        return out if self.kv is None else out + self.kv(query, target_kv, attention_mask)
 
 
 class DFlashMLP(nn.Module):
@@ -150,11 +159,11 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None):
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, target_kv=None):
         # The context enters every layer as is (already fc + hidden_norm), unnormed by input_layernorm.
         residual = hidden_states
         hidden_states = self.self_attn(
-            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache, target_kv
         )
         hidden_states = residual + hidden_states
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))

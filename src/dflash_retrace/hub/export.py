@@ -94,6 +94,11 @@ def zlab_state_dict(drafter: DFlashDrafter) -> dict:
             f"This drafter proposes from a draft vocabulary of {drafter.config.draft_vocab_size} tokens "
             "(`draft_to_target`); z-lab's DFlashDraftModel always uses the target's full LM head, so a z-lab export "
             "would propose tokens the drafter was never trained on. Export with format='ours' (trust_remote_code).")
+    if drafter.config.context != "hidden":
+        raise ValueError(
+            f"This drafter attends to the target's KV cache (context={drafter.config.context!r}); z-lab's "
+            "DFlashDraftModel attends to the fused hidden states only, so a z-lab export would draft differently. "
+            "Export with format='ours' (trust_remote_code).")
     state, dropped = {}, []
     for name, tensor in drafter.state_dict().items():
         if name.startswith("retrace."):

@@ -44,6 +44,14 @@ class TrainConfig:
     mask_token_id: int | None = option(None, "fresh drafter: MASK token id (default: the last embedding row)")
     step_embeddings: bool = option(False, "add PAD-Rec step-position embeddings (zero-initialised, so an --init "
                                           "DFlash drafter starts unchanged) and train them with the drafter")
+    context: str | None = option(None, "what the drafter's layers attend to (KVShot): hidden (DFlash), kv (the "
+                                       "target's KV cache instead), hybrid (both; on an --init DFlash drafter adds "
+                                       "zero-initialised weights, so training starts from it exactly); default: "
+                                       "hidden for a fresh drafter, the --init drafter's own otherwise",
+                                 choices=["hidden", "kv", "hybrid"])
+    kv_layer_ids: list | None = option(None, "kv/hybrid: comma-separated target layers whose KV cache each drafter "
+                                             "layer reads, one per layer (default: evenly spaced over the target's "
+                                             "upper half, ending at its last layer)", type=comma_ints)
     # Data.
     features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
                                         "running the target's layers (its embedding and LM head only); --data is "
@@ -112,7 +120,8 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         for f in dataclasses.fields(self):  # the CLI checks choices; a config built in Python is checked here
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
+            if choices and getattr(self, f.name) not in choices and not (f.default is None and getattr(self, f.name)
+                                                                         is None):
                 raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(self, f.name)!r}.")
         if self.features and self.stage == "retrace":
             raise ValueError("The ReTrace stage rolls out real draft-verify rounds with the target online: train it "

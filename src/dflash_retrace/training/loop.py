@@ -53,6 +53,7 @@ from .features import FeatureStore, StoredRows, stored_features
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
+from .target_kv import check_store_kv_layers, stored_target_kv
 
 __all__ = ["TrainState", "latest_checkpoint", "train_drafter"]
 
@@ -111,7 +112,7 @@ def _build_drafter(target, cfg, drafter):
         drafter = DFlashDrafter.from_target(
             target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size or DEFAULT_BLOCK_SIZE,
             mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
-            target_layer_ids=cfg.target_layer_ids,
+            target_layer_ids=cfg.target_layer_ids, context=cfg.context or "hidden", kv_layer_ids=cfg.kv_layer_ids,
         )
     elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
         check_block_size(cfg.block_size)
@@ -121,6 +122,10 @@ def _build_drafter(target, cfg, drafter):
                              "--block-size, or start from its DFlash backbone).")
         print(f"[train] block size {drafter.config.block_size} -> {cfg.block_size} (the weights do not depend on it)")
         drafter.config.block_size = cfg.block_size
+    if cfg.context is not None and (cfg.context, cfg.kv_layer_ids) != (drafter.config.context, None):
+        print(f"[train] context {drafter.config.context} -> {cfg.context}" + (" (zero-initialised kv weights added)"
+                                                                             if cfg.context == "hybrid" else ""))
+        drafter.set_context(cfg.context, cfg.kv_layer_ids)
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
@@ -143,6 +148,9 @@ def _apply_lora(drafter, cfg):
 
 def _attention_kind(cfg, core, device):
     if cfg.attention == "flex" or (cfg.attention == "auto" and core.config._attn_implementation == "flex_attention"):
+        if core.config.context == "hybrid":
+            raise ValueError("A hybrid drafter's target-KV attention needs the context part of the block rule, which a "
+                             "flex BlockMask does not expose: train it with --attention local (or dense).")
         if device.type != "cuda":
             raise ValueError("attention='flex' needs a CUDA device; use attention='local' (the default) on CPU.")
         core.config._attn_implementation = "flex_attention"
@@ -187,6 +195,8 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
     if cfg.features:
         examples.store.select_layers(drafter_core(model).config.target_layer_ids)  # a clear error if it lacks them
+        if drafter_core(model).config.context != "hidden":
+            check_store_kv_layers(examples.store, drafter_core(model).config.kv_layer_ids)
     model.to(accelerator.device).train()
     attention = _attention_kind(cfg, drafter_core(model), accelerator.device)
     dataset, rollout_tau = _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator)
@@ -369,6 +379,7 @@ class _Stepper:
         self.dataset, self.cfg, self.attention, self.params, self.vocab = dataset, cfg, attention, params, vocab
         self.core = drafter_core(model)
         self.hidden = self.core.config.hidden_size if cfg.stage == "retrace" else None
+        self.kv_layer_ids = self.core.config.kv_layer_ids if self.core.config.context != "hidden" else None
 
     def __call__(self, micro_batches, epoch, lr) -> float:
         cfg, acc, device = self.cfg, self.accelerator, self.accelerator.device
@@ -384,22 +395,28 @@ class _Stepper:
                 if memory is not None:  # recorded by the rollout: constants, no gradient through verification
                     memory = ReTraceMemory(*(t.to(device) for t in
                                              (memory.drafter_states, memory.target_states, memory.valid)))
-                vocab, label_ids = self.vocab, None
+                vocab, label_ids, kv = self.vocab, None, None
                 with acc.autocast():
                     if cfg.features:
                         features, label_ids = stored_features(items, input_ids.shape[1], device)
                         label_ids = None if cfg.labels == "data" else label_ids
+                        if self.kv_layer_ids is not None:
+                            kv = stored_target_kv(self.target, items, input_ids.shape[1], self.kv_layer_ids)
                     elif cfg.labels != "data":
-                        features, label_ids = target_features(self.target, input_ids,
-                                                              self.core.config.target_layer_ids, with_labels=True)
+                        features, label_ids, *kv = target_features(
+                            self.target, input_ids, self.core.config.target_layer_ids, with_labels=True,
+                            kv_layer_ids=self.kv_layer_ids)
+                        kv = kv[0] if kv else None
                         if vocab is not None:  # the target may say tokens the data does not have
                             vocab = torch.unique(torch.cat([vocab.to(device), label_ids[loss_mask]]))
-                    else:
-                        features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
+                    else:  # (block_hidden_states computes features and K/V in one forward)
+                        features = None if self.kv_layer_ids is not None else target_features(
+                            self.target, input_ids, self.core.config.target_layer_ids)
                     loss, stats = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
-                                                chain=cfg.labels == "target-chain", loss=cfg.loss)
+                                                chain=cfg.labels == "target-chain", loss=cfg.loss,
+                                                target_kv=kv)
                 acc.backward(loss)
                 if acc.sync_gradients and cfg.max_grad_norm:
                     acc.clip_grad_norm_(self.params, cfg.max_grad_norm)

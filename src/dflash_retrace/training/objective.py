@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..modeling_dflash import context_features
+from .target_kv import cached_kv
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
 LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
@@ -189,13 +190,18 @@ def vat_weights(hits, label_valid, block_size: int, gamma: float) -> torch.Tenso
 
 
 @torch.no_grad()
-def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False, with_labels=False):
-    """`context_features` of one target forward, (b, T, n*H); plus the final-norm states and/or the target's own
-    labels (`target_labels`, from the same forward) if asked, in that order."""
-    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+def target_features(target, input_ids, layer_ids, attention_mask=None, with_final=False, with_labels=False,
+                    kv_layer_ids=None):
+    """`context_features` of one target forward, (b, T, n*H); plus the final-norm states, the target's own labels
+    (`target_labels`) and the K/V its layers `kv_layer_ids` cached (`cached_kv`), each if asked, from the same forward,
+    in that order."""
+    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                 use_cache=kv_layer_ids is not None)
     feats = context_features(out.hidden_states, layer_ids)
     extra = ([out.hidden_states[-1]] if with_final else []) + ([target_labels(input_ids, out.logits)] if with_labels
                                                                else [])
+    if kv_layer_ids is not None:
+        extra.append(cached_kv(out, kv_layer_ids, input_ids.shape[1]))
     return (feats, *extra) if extra else feats
 
 
@@ -220,11 +226,13 @@ def drafter_core(model):
 
 
 def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features=None, retrace_memory=None,
-                        attention="dense", label_ids=None):
+                        attention="dense", label_ids=None, target_kv=None):
     """Drafter output states of the blocks anchored at `anchors` (shapes as in `block_inputs`).
 
     `drafter` may be wrapped (DDP, PEFT): its forward is called as is. `attention` is "dense" (bool mask,
     any device) or "flex" (a flex_attention BlockMask; needs `config._attn_implementation="flex_attention"`).
+    `target_kv` (kv/hybrid drafters): the target's K/V of positions 0..T-1 per drafter layer (`target_features`
+    with `kv_layer_ids`); computed online when not given. The context part of the block rule masks them.
     Returns hidden (b, N*B, H), labels (b, N*B), label_valid (b, N*B).
     """
     core = drafter_core(drafter)
@@ -235,6 +243,9 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
         input_ids, loss_mask, anchors = input_ids[None], loss_mask[None], anchors[None]
     input_ids, loss_mask, anchors = input_ids.to(device), loss_mask.to(device), anchors.to(device)
     bsz, T = input_ids.shape
+    if cfg.context != "hidden" and target_kv is None:  # features and K/V from one forward
+        online, target_kv = target_features(target, input_ids, cfg.target_layer_ids, kv_layer_ids=cfg.kv_layer_ids)
+        features = online if features is None else features
     if features is None:  # right padding needs no mask: causal attention never looks ahead to it
         features = target_features(target, input_ids, cfg.target_layer_ids)
     if label_ids is not None and label_ids.dim() == 1:
@@ -251,7 +262,7 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
         mask = block_attention_mask(T, anchors, B, device)
     hidden = drafter(
         noise_embeds=noise, context_hidden_states=features, position_ids=pos, attention_mask=mask,
-        retrace_memory=retrace_memory,
+        retrace_memory=retrace_memory, **({} if target_kv is None else {"target_kv": target_kv}),
     ).last_hidden_state
     return hidden, labels, label_valid
 
@@ -305,7 +316,7 @@ def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
 
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
                       attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False,
-                      loss="dflash"):
+                      loss="dflash", target_kv=None):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
 
@@ -315,7 +326,7 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     `vocab`: sorted token ids (see `vocab_rows`) to restrict the softmax to (every label must be among them);
     the LM head then costs len(vocab)/V of the full one. None: the full vocabulary. `label_ids`: per-position
     labels (`target_labels`) instead of the tokens themselves; with `chain`, only slots on the target's greedy chain
-    (`greedy_chain_mask`) are supervised. A drafter with a draft vocabulary (`draft_to_target`) is trained over
+    (`greedy_chain_mask`) are supervised. `target_kv`: see `block_hidden_states`. A drafter with a draft vocabulary (`draft_to_target`) is trained over
     it: labels outside it are not in the loss and count as misses.
 
     Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
@@ -329,7 +340,7 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     gamma = gamma or default_gamma(B)
     hidden, labels, label_valid = block_hidden_states(
         drafter, target, input_ids, loss_mask, anchors, features=features, retrace_memory=retrace_memory,
-        attention=attention, label_ids=label_ids,
+        attention=attention, label_ids=label_ids, target_kv=target_kv,
     )
     device = hidden.device
     if chain and label_ids is not None:
