@@ -4,7 +4,8 @@ Part of the Hub payload: imports only torch, transformers and sibling modules.
 
 The drafter is a stack of Qwen3-style decoder layers at the target's hidden size, with no embedding
 and no LM head of its own. One forward denoises a block `[anchor, MASK x K]`:
-- context features: target hidden states of `target_layer_ids`, concatenated, `fc`, `hidden_norm`;
+- context features: target hidden states of `target_layer_ids`, concatenated, `fc`, `hidden_norm`; with
+  `fusion="layerwise"` each layer adds its own mix of `fusion_layer_ids` to that context (`fusion_dflash`);
 - every layer projects the context with its own `k_proj`/`v_proj` and prepends it to the block's
   keys/values; queries come from the block only; nothing is causal;
 - output: final `norm`; logits come from the target's LM head (see `DFlashDrafter.compute_logits`).
@@ -21,6 +22,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_dflash import DEFAULT_BLOCK_SIZE, DFlashConfig, default_target_layer_ids
+from .fusion_dflash import LayerwiseFusion, resolve_fusion_layer_ids
 from .generation_dflash import (
     DFlashCandidateGenerator,
     DFlashContextCache,
@@ -63,7 +65,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            if getattr(module, "_zero_init", False):  # ReTrace W_v: starts as plain DFlash
+            if getattr(module, "_zero_init", False):  # ReTrace W_v, fusion projections: start as plain DFlash
                 init.zeros_(module.weight)
             else:
                 init.normal_(module.weight, mean=0.0, std=std)
@@ -71,6 +73,8 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, DFlashRMSNorm):
             init.ones_(module.weight)
+        elif isinstance(module, LayerwiseFusion):
+            module.init_mix_logits(init)
 
 
 class DFlashDrafter(DFlashPreTrainedModel):
@@ -87,12 +91,14 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "DFlashConfig needs `target_layer_ids` (or `num_target_layers` to derive them). "
                 "Build a fresh drafter with `DFlashDrafter.from_target(target, ...)`."
             )
+        resolve_fusion_layer_ids(config)
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = DFlashRotaryEmbedding(config)
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.retrace = ReTraceConditioner(config) if config.retrace else None
+        self.fusion = LayerwiseFusion(config) if config.fusion == "layerwise" else None
         # Draft vocabulary: target ids of the head rows (saved with the weights); None = the full vocabulary.
         self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
                              torch.arange(config.draft_vocab_size, dtype=torch.long))
@@ -132,8 +138,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         Missing, unexpected or mismatched drafter weights mean the config disagrees with the checkpoint (a
         missing `num_hidden_layers`, `target_layer_ids` of another length, ...); the error names the keys and
-        the config value. Only ReTrace weights may be missing altogether: `retrace=True` on a DFlash checkpoint
-        adds them zero-initialised.
+        the config value. Only ReTrace and fusion weights may be missing altogether: `retrace=True` or
+        `fusion="layerwise"` on a DFlash checkpoint adds them zero-initialised.
         """
         wants_info = kwargs.pop("output_loading_info", False)
         kwargs["ignore_mismatched_sizes"] = True  # report mismatches below, with the config value that disagrees
@@ -199,6 +205,21 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 self._init_weights(module)
         return self
 
+    def add_fusion(self, fusion_layer_ids: list | None = None) -> "DFlashDrafter":
+        """Adds zero-initialised layer-wise fusion weights in place (the drafter then behaves exactly as before)."""
+        if self.fusion is None:
+            self.config.fusion_layer_ids = None if fusion_layer_ids is None else list(fusion_layer_ids)
+            self.config.fusion = "layerwise"
+            resolve_fusion_layer_ids(self.config)
+            param = self.fc.weight
+            self.fusion = LayerwiseFusion(self.config).to(device=param.device, dtype=param.dtype)
+            for module in self.fusion.modules():
+                self._init_weights(module)
+        elif fusion_layer_ids is not None and list(fusion_layer_ids) != self.config.fusion_layer_ids:
+            raise ValueError(f"This drafter already mixes fusion_layer_ids={self.config.fusion_layer_ids}; its fusion "
+                             f"weights do not fit {list(fusion_layer_ids)}.")
+        return self
+
     # --------------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -215,7 +236,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         r"""
         noise_embeds (b, q, H): target-embedding rows of the query stream (`[anchor, MASK x K]` per block).
         context_hidden_states (b, c, n*H): raw target features of the new context positions
-            (`hidden_states[i + 1]` for i in `target_layer_ids`, concatenated); may be empty.
+            (`hidden_states[i + 1]` for i in `config.feature_layer_ids`, concatenated); may be empty.
         position_ids (b, c + q): absolute positions of the context, then of the query stream.
         attention_mask: None (everything visible), a 2D (b, kv) padding mask, or a 4D bool
             (b, 1, q, kv) mask with True = visible over [cached context, new context, queries].
@@ -228,10 +249,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
         """
         cache = cache if cache is not None else past_key_values
         bsz, q_len, hidden = noise_embeds.shape
-        if context_hidden_states is None:
-            context_hidden_states = noise_embeds.new_zeros(bsz, 0, self.fc.in_features)
-        context = self.hidden_norm(self.fc(context_hidden_states.to(self.fc.weight.dtype)))  # (b, c, H)
-        ctx_len = context.shape[1]
+        contexts = self._layer_contexts(context_hidden_states, noise_embeds)  # one (b, c, H) per layer
+        ctx_len = contexts[0].shape[1]
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + ctx_len + q_len, device=noise_embeds.device)[None]
@@ -243,14 +262,36 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         mask = _as_bool_mask(attention_mask, q_len)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        for layer in self.layers:
+        for layer, context in zip(self.layers, contexts):
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
+    def _layer_contexts(self, features, noise_embeds) -> list:
+        """(b, c, n*H) raw features -> one context per drafter layer: DFlash's `hidden_norm(fc(.))` of the
+        `target_layer_ids` columns, plus each layer's own fusion term with `fusion="layerwise"`."""
+        dtype, hidden = self.fc.weight.dtype, self.config.hidden_size
+        width = len(self.config.feature_layer_ids) * hidden
+        if features is None:
+            features = noise_embeds.new_zeros(noise_embeds.shape[0], 0, width)
+        if features.shape[-1] != width:
+            builtin = self.fusion is not None and features.shape[-1] == self.fc.in_features
+            raise ValueError(
+                f"context_hidden_states has {features.shape[-1]} features per position, but this drafter reads "
+                f"{width} (hidden states of target layers {self.config.feature_layer_ids}, concatenated). "
+                + ("Its layer-wise fusion also reads fusion_layer_ids, which transformers' built-in DFlash path "
+                   "(speculation_type='dflash') does not pass: use `generate(assistant_model=drafter)` without "
+                   "speculation_type." if builtin else "Compute them with `drafter.context_features(hidden_states)`.")
+            )
+        features = features.to(dtype)
+        context = self.hidden_norm(self.fc(features[..., : self.fc.in_features]))  # (b, c, H)
+        if self.fusion is None:
+            return [context] * len(self.layers)
+        return self.fusion(features, context)
+
     def context_features(self, hidden_states, num_positions: int | None = None) -> torch.Tensor:
         """(b, c, n*H) raw context features from a target forward's `hidden_states` (see `context_features`)."""
-        return context_features(hidden_states, self.config.target_layer_ids, num_positions)
+        return context_features(hidden_states, self.config.feature_layer_ids, num_positions)
 
     def embed_block(self, target_embeddings: nn.Module, token_ids: torch.LongTensor) -> torch.Tensor:
         """Raw rows of the target's embedding table (no embedding-side scaling), times `input_embedding_scale`."""
@@ -313,12 +354,14 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 f"{tc.num_hidden_layers} decoder layers. Use the drafter trained for this target (or, if you know the "
                 "features are right, set `drafter.config.num_target_layers` to match)."
             )
-        bad = [i for i in cfg.target_layer_ids if not 0 <= i < tc.num_hidden_layers]
-        if bad:
-            raise ValueError(
-                f"target_layer_ids {cfg.target_layer_ids} has ids {bad} outside the target's decoder layers "
-                f"0..{tc.num_hidden_layers - 1}. Fix `target_layer_ids` in the drafter config."
-            )
+        for field in ("target_layer_ids", "fusion_layer_ids") if cfg.fusion == "layerwise" else ("target_layer_ids",):
+            ids = getattr(cfg, field)
+            bad = [i for i in ids if not 0 <= i < tc.num_hidden_layers]
+            if bad:
+                raise ValueError(
+                    f"{field} {ids} has ids {bad} outside the target's decoder layers 0..{tc.num_hidden_layers - 1}. "
+                    f"Fix `{field}` in the drafter config."
+                )
         if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < num_rows:
             raise ValueError(
                 f"mask_token_id={cfg.mask_token_id} is not a row of the target's input embedding (0..{num_rows - 1}). "
@@ -356,7 +399,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
 def context_features(hidden_states, target_layer_ids, num_positions: int | None = None) -> torch.Tensor:
     """The drafter's context input: `hidden_states[i + 1]` (index 0 is the embedding output) for i in
-    `target_layer_ids`, first `num_positions` positions (default: all), concatenated: (b, c, n*H).
+    `target_layer_ids` (a drafter's `config.feature_layer_ids`), first `num_positions` positions (default: all),
+    concatenated: (b, c, n*H).
 
     The one definition shared by the candidate generator and the training objective.
     """
@@ -368,8 +412,10 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     config = drafter.config
     missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
     mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
-    if missing and missing == {k for k in drafter.state_dict() if k.startswith("retrace.")}:
-        missing = set()  # a DFlash checkpoint loaded with retrace=True: zero-initialised ReTrace weights
+    addable = {k for k in drafter.state_dict() if k.startswith(("retrace.", "fusion."))}
+    for prefix in ("retrace.", "fusion."):  # a DFlash checkpoint loaded with retrace=True / fusion="layerwise"
+        if {k for k in missing if k.startswith(prefix)} == {k for k in addable if k.startswith(prefix)}:
+            missing = {k for k in missing if not k.startswith(prefix)}  # zero-initialised: starts as that checkpoint
     if not (missing or unexpected or mismatched):
         return
 
@@ -395,14 +441,17 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     if any(k.startswith("retrace.") for k in unexpected) and not config.retrace:
         problems.append("the checkpoint has ReTrace weights (retrace.*) but config retrace=False: load it with "
                         "retrace=True (or set \"retrace\": true in config.json)")
-    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.")))
+    if any(k.startswith("fusion.") for k in unexpected) and config.fusion != "layerwise":
+        problems.append("the checkpoint has layer-wise fusion weights (fusion.*) but config fusion='fc': load it with "
+                        "fusion='layerwise' and its fusion_layer_ids (or set them in config.json)")
+    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "fusion.")))
     other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
-    other += sorted(k for k in missing if k.startswith("retrace."))
+    other += sorted(k for k in missing if k.startswith(("retrace.", "fusion.")))
     if other:
         problems.append(
             f"weights that do not fit: {', '.join(other[:8])}{' ...' if len(other) > 8 else ''}; check the shape "
             "fields of config.json (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, "
-            "head_dim, retrace) against the checkpoint"
+            "head_dim, retrace, fusion_layer_ids) against the checkpoint"
         )
     keys = sorted(missing | unexpected)
     raise ValueError(

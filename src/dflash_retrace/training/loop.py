@@ -108,16 +108,27 @@ def _build_drafter(target, cfg, drafter):
         drafter = DFlashDrafter.from_target(
             target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size or DEFAULT_BLOCK_SIZE,
             mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
-            target_layer_ids=cfg.target_layer_ids,
+            target_layer_ids=cfg.target_layer_ids, fusion=cfg.fusion or "fc", fusion_layer_ids=cfg.fusion_layer_ids,
         )
     elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
         check_block_size(cfg.block_size)
         print(f"[train] block size {drafter.config.block_size} -> {cfg.block_size} (the weights do not depend on it)")
         drafter.config.block_size = cfg.block_size
+    _set_fusion(drafter, cfg)
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
     return drafter.float()  # fp32 master weights; mixed precision only autocasts the compute
+
+
+def _set_fusion(drafter, cfg):
+    """`--fusion layerwise` on an --init DFlash drafter adds zero-initialised fusion weights (it starts as that
+    drafter exactly); no option keeps the drafter's own fusion. Nothing removes fusion weights."""
+    if cfg.fusion == "layerwise":
+        drafter.add_fusion(cfg.fusion_layer_ids)
+    elif cfg.fusion == "fc" and drafter.fusion is not None:
+        raise ValueError("The --init drafter has layer-wise fusion weights; --fusion fc cannot drop them. Omit "
+                         "--fusion to keep its fusion, or start from a DFlash drafter.")
 
 
 def _apply_lora(drafter, cfg):
@@ -125,8 +136,10 @@ def _apply_lora(drafter, cfg):
 
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=LORA_TARGETS,
-        # The ReTrace conditioner is new in that stage: trained in full and saved with the adapter.
-        modules_to_save=["retrace"] if cfg.stage == "retrace" else None,
+        # The ReTrace conditioner is new in that stage, the fusion weights new or small: trained in full and saved
+        # with the adapter.
+        modules_to_save=(["retrace"] if cfg.stage == "retrace" else []) + (["fusion"] if drafter.fusion is not None
+                                                                          else []) or None,
     )
     return get_peft_model(drafter, lora)
 
@@ -176,7 +189,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
     if cfg.features:
-        examples.store.select_layers(drafter_core(model).config.target_layer_ids)  # a clear error if it lacks them
+        examples.store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
     model.to(accelerator.device).train()
     attention = _attention_kind(cfg, drafter_core(model), accelerator.device)
     dataset, rollout_tau = _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator)
@@ -381,11 +394,11 @@ class _Stepper:
                         label_ids = None if cfg.labels == "data" else label_ids
                     elif cfg.labels != "data":
                         features, label_ids = target_features(self.target, input_ids,
-                                                              self.core.config.target_layer_ids, with_labels=True)
+                                                              self.core.config.feature_layer_ids, with_labels=True)
                         if vocab is not None:  # the target may say tokens the data does not have
                             vocab = torch.unique(torch.cat([vocab.to(device), label_ids[loss_mask]]))
                     else:
-                        features = target_features(self.target, input_ids, self.core.config.target_layer_ids)
+                        features = target_features(self.target, input_ids, self.core.config.feature_layer_ids)
                     loss, stats = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
