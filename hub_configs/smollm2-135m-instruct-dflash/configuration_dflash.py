@@ -71,7 +71,8 @@ def check_option(name: str, value) -> None:
         )
     if name == "fusion_layer_ids" and value is not None:
         ids = list(value) if isinstance(value, (list, tuple)) else None
-        if not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) < len(ids):
+        bad = not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids)
+        if bad or len(set(ids)) < len(ids):
             raise ValueError(
                 f"fusion_layer_ids must be a non-empty list of distinct target decoder layer ids (ints >= 0), got "
                 f"{value!r}: e.g. [1, 5, 9, 13] (or None: every ceil(L/9)-th target layer, the last included)."

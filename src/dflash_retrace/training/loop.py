@@ -136,10 +136,10 @@ def _apply_lora(drafter, cfg):
 
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=LORA_TARGETS,
-        # The ReTrace conditioner is new in that stage, the fusion weights new or small: trained in full and saved
-        # with the adapter.
-        modules_to_save=(["retrace"] if cfg.stage == "retrace" else []) + (["fusion"] if drafter.fusion is not None
-                                                                          else []) or None,
+        # The ReTrace conditioner is new in that stage, fusion weights new or small: trained in full, saved with the
+        # adapter.
+        modules_to_save=[name for name, full in (("retrace", cfg.stage == "retrace"),
+                                                 ("fusion", drafter.fusion is not None)) if full] or None,
     )
     return get_peft_model(drafter, lora)
 
@@ -258,7 +258,7 @@ def _prepare_model(target, cfg, drafter, out_dir, save_dtype, main):
         for name, param in drafter.named_parameters():
             param.requires_grad_(name.startswith("retrace."))
     if cfg.lora and main and _lora_base_path(cfg, out_dir) == (out_dir / "base").resolve():
-        # A fresh drafter, or one that just gained ReTrace weights: the adapter needs this exact base, which
+        # A fresh drafter, or one that just gained ReTrace or fusion weights: the adapter needs this exact base, which
         # LoRA training leaves untouched, so it is saved now.
         copy.deepcopy(drafter).to(save_dtype).save_pretrained(out_dir / "base")
     return _apply_lora(drafter, cfg) if cfg.lora else drafter
@@ -445,7 +445,7 @@ def _prepare_out_dir(out_dir, cfg):
 
 def _lora_base_path(cfg, out_dir) -> Path:
     """Where the adapter's base drafter lives: `init` if LoRA trains on it as is, else `out_dir/base`."""
-    if cfg.init is not None and cfg.stage == "dflash":
+    if cfg.init is not None and cfg.stage == "dflash" and cfg.fusion != "layerwise":  # init, unchanged
         return Path(cfg.init).resolve()
     return (Path(out_dir) / "base").resolve()
 
