@@ -4,7 +4,8 @@ Part of the Hub payload: imports only torch, transformers and sibling modules.
 
 The drafter is a stack of Qwen3-style decoder layers at the target's hidden size, with no embedding
 and no LM head of its own. One forward denoises a block `[anchor, MASK x K]`:
-- context features: target hidden states of `target_layer_ids`, concatenated, `fc`, `hidden_norm`;
+- context features: target hidden states of `target_layer_ids`, concatenated, `fc`, `hidden_norm`; with
+  `fusion="layerwise"` each layer adds its own mix of `fusion_layer_ids` to that context (`fusion_dflash`);
 - every layer projects the context with its own `k_proj`/`v_proj` and prepends it to the block's
   keys/values; queries come from the block only; nothing is causal;
 - output: final `norm`; logits come from the target's LM head (see `DFlashDrafter.compute_logits`).
@@ -21,6 +22,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_dflash import DEFAULT_BLOCK_SIZE, DFlashConfig, default_target_layer_ids
+from .fusion_dflash import LayerwiseFusion, resolve_fusion_layer_ids
 from .generation_dflash import (
     DFlashCandidateGenerator,
     DFlashContextCache,
@@ -67,7 +69,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
         if isinstance(module, StepEmbeddings):  # E = 0: starts as plain DFlash (its gate is a Linear, below)
             init.zeros_(module.table)
         elif isinstance(module, nn.Linear):
-            if getattr(module, "_zero_init", False):  # ReTrace W_v, hybrid kv.o_proj: start as plain DFlash
+            if getattr(module, "_zero_init", False):  # ReTrace W_v, hybrid kv.o_proj, fusion projections: start as DFlash
                 init.zeros_(module.weight)
             else:
                 init.normal_(module.weight, mean=0.0, std=std)
@@ -75,6 +77,8 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, DFlashRMSNorm):
             init.ones_(module.weight)
+        elif isinstance(module, LayerwiseFusion):
+            module.init_mix_logits(init)
 
 
 class DFlashDrafter(DFlashPreTrainedModel):
@@ -92,6 +96,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "Build a fresh drafter with `DFlashDrafter.from_target(target, ...)`."
             )
         resolve_kv_layer_ids(config)
+        resolve_fusion_layer_ids(config)
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = DFlashRotaryEmbedding(config)
@@ -99,6 +104,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.hidden_norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.retrace = ReTraceConditioner(config) if config.retrace else None
         self.steps = StepEmbeddings(config) if config.step_embeddings else None  # PAD-Rec (reconstruction)
+        self.fusion = LayerwiseFusion(config) if config.fusion == "layerwise" else None
         # Draft vocabulary: target ids of the head rows (saved with the weights); None = the full vocabulary.
         self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
                              torch.arange(config.draft_vocab_size, dtype=torch.long))
@@ -138,8 +144,9 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         Missing, unexpected or mismatched drafter weights mean the config disagrees with the checkpoint (a
         missing `num_hidden_layers`, `target_layer_ids` of another length, ...); the error names the keys and
-        the config value. Only ReTrace or step-embedding weights may be missing altogether: `retrace=True` /
-        `step_embeddings=True` on a DFlash checkpoint adds them zero-initialised.
+        the config value. Only the weights of options that start zero-initialised may be missing altogether:
+        `retrace=True`, `step_embeddings=True`, `context="hybrid"` or `fusion="layerwise"` on a DFlash checkpoint
+        adds them.
         """
         wants_info = kwargs.pop("output_loading_info", False)
         kwargs["ignore_mismatched_sizes"] = True  # report mismatches below, with the config value that disagrees
@@ -229,6 +236,20 @@ class DFlashDrafter(DFlashPreTrainedModel):
             elif attn.kv is None:
                 attn.kv = TargetKVAttention(self.config).to(device=param.device, dtype=param.dtype)
                 self._init_weights(attn.kv.o_proj)
+
+    def add_fusion(self, fusion_layer_ids: list | None = None) -> "DFlashDrafter":
+        """Adds zero-initialised layer-wise fusion weights in place (the drafter then behaves exactly as before)."""
+        if self.fusion is None:
+            self.config.fusion_layer_ids = None if fusion_layer_ids is None else list(fusion_layer_ids)
+            self.config.fusion = "layerwise"
+            resolve_fusion_layer_ids(self.config)
+            param = self.fc.weight
+            self.fusion = LayerwiseFusion(self.config).to(device=param.device, dtype=param.dtype)
+            for module in self.fusion.modules():
+                self._init_weights(module)
+        elif fusion_layer_ids is not None and list(fusion_layer_ids) != self.config.fusion_layer_ids:
+            raise ValueError(f"This drafter already mixes fusion_layer_ids={self.config.fusion_layer_ids}; its fusion "
+                             f"weights do not fit {list(fusion_layer_ids)}.")
         return self
 
     # --------------------------------------------------------------------------------- forward
@@ -248,7 +269,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         r"""
         noise_embeds (b, q, H): target-embedding rows of the query stream (`[anchor, MASK x K]` per block).
         context_hidden_states (b, c, n*H): raw target features of the new context positions
-            (`hidden_states[i + 1]` for i in `target_layer_ids`, concatenated); may be empty.
+            (`hidden_states[i + 1]` for i in `config.feature_layer_ids`, concatenated); may be empty.
         position_ids (b, c + q): absolute positions of the context, then of the query stream.
         attention_mask: None (everything visible), a 2D (b, kv) padding mask, or a 4D bool
             (b, 1, q, kv) mask with True = visible over [cached context, new context, queries].
@@ -269,10 +290,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
             raise ValueError(f"config.context={self.config.context!r} was set without the weights it needs: use "
                              "`drafter.set_context(...)` (or from_pretrained(..., context=...)).")
         bsz, q_len, hidden = noise_embeds.shape
-        if context_hidden_states is None:
-            context_hidden_states = noise_embeds.new_zeros(bsz, 0, self.fc.in_features)
-        context = self.hidden_norm(self.fc(context_hidden_states.to(self.fc.weight.dtype)))  # (b, c, H)
-        ctx_len = context.shape[1]
+        contexts = self._layer_contexts(context_hidden_states, noise_embeds)  # one (b, c, H) per layer
+        ctx_len = contexts[0].shape[1]
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + ctx_len + q_len, device=noise_embeds.device)[None]
@@ -286,15 +305,37 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         mask = _as_bool_mask(attention_mask, q_len)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        for i, layer in enumerate(self.layers):
+        for i, (layer, context) in enumerate(zip(self.layers, contexts)):
             layer_kv = None if target_kv is None else target_kv[i]
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, layer_kv)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
+    def _layer_contexts(self, features, noise_embeds) -> list:
+        """(b, c, n*H) raw features -> one context per drafter layer: DFlash's `hidden_norm(fc(.))` of the
+        `target_layer_ids` columns, plus each layer's own fusion term with `fusion="layerwise"`."""
+        dtype, hidden = self.fc.weight.dtype, self.config.hidden_size
+        width = len(self.config.feature_layer_ids) * hidden
+        if features is None:
+            features = noise_embeds.new_zeros(noise_embeds.shape[0], 0, width)
+        if features.shape[-1] != width:
+            builtin = self.fusion is not None and features.shape[-1] == self.fc.in_features
+            raise ValueError(
+                f"context_hidden_states has {features.shape[-1]} features per position, but this drafter reads "
+                f"{width} (hidden states of target layers {self.config.feature_layer_ids}, concatenated). "
+                + ("Its layer-wise fusion also reads fusion_layer_ids, which transformers' built-in DFlash path "
+                   "(speculation_type='dflash') does not pass: use `generate(assistant_model=drafter)` without "
+                   "speculation_type." if builtin else "Compute them with `drafter.context_features(hidden_states)`.")
+            )
+        features = features.to(dtype)
+        context = self.hidden_norm(self.fc(features[..., : self.fc.in_features]))  # (b, c, H)
+        if self.fusion is None:
+            return [context] * len(self.layers)
+        return self.fusion(features, context)
+
     def context_features(self, hidden_states, num_positions: int | None = None) -> torch.Tensor:
         """(b, c, n*H) raw context features from a target forward's `hidden_states` (see `context_features`)."""
-        return context_features(hidden_states, self.config.target_layer_ids, num_positions)
+        return context_features(hidden_states, self.config.feature_layer_ids, num_positions)
 
     def embed_block(self, target_embeddings: nn.Module, token_ids: torch.LongTensor) -> torch.Tensor:
         """Raw rows of the target's embedding table (no embedding-side scaling), times `input_embedding_scale`."""
@@ -357,12 +398,14 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 f"{tc.num_hidden_layers} decoder layers. Use the drafter trained for this target (or, if you know the "
                 "features are right, set `drafter.config.num_target_layers` to match)."
             )
-        bad = [i for i in cfg.target_layer_ids if not 0 <= i < tc.num_hidden_layers]
-        if bad:
-            raise ValueError(
-                f"target_layer_ids {cfg.target_layer_ids} has ids {bad} outside the target's decoder layers "
-                f"0..{tc.num_hidden_layers - 1}. Fix `target_layer_ids` in the drafter config."
-            )
+        for field in ("target_layer_ids", "fusion_layer_ids") if cfg.fusion == "layerwise" else ("target_layer_ids",):
+            ids = getattr(cfg, field)
+            bad = [i for i in ids if not 0 <= i < tc.num_hidden_layers]
+            if bad:
+                raise ValueError(
+                    f"{field} {ids} has ids {bad} outside the target's decoder layers 0..{tc.num_hidden_layers - 1}. "
+                    f"Fix `{field}` in the drafter config."
+                )
         if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < num_rows:
             raise ValueError(
                 f"mask_token_id={cfg.mask_token_id} is not a row of the target's input embedding (0..{num_rows - 1}). "
@@ -401,7 +444,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
 def context_features(hidden_states, target_layer_ids, num_positions: int | None = None) -> torch.Tensor:
     """The drafter's context input: `hidden_states[i + 1]` (index 0 is the embedding output) for i in
-    `target_layer_ids`, first `num_positions` positions (default: all), concatenated: (b, c, n*H).
+    `target_layer_ids` (a drafter's `config.feature_layer_ids`), first `num_positions` positions (default: all),
+    concatenated: (b, c, n*H).
 
     The one definition shared by the candidate generator and the training objective.
     """
@@ -413,10 +457,12 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     config = drafter.config
     missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
     mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
-    # A DFlash checkpoint loaded with retrace=True / step_embeddings=True / context="hybrid": whole groups of
-    # zero-initialised weights may be missing.
+    # A DFlash checkpoint loaded with retrace=True / step_embeddings=True / context="hybrid" /
+    # fusion="layerwise": whole groups of
+    # # zero-initialised weights may be missing.
     state = drafter.state_dict()
     for group in ({k for k in state if k.startswith("retrace.")}, {k for k in state if k.startswith("steps.")},
+                  {k for k in state if k.startswith("fusion.")},
                   {k for k in state if ".self_attn.kv." in k}):
         if group and group <= missing:
             missing -= group
@@ -451,14 +497,17 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
     if any(".self_attn.kv." in k for k in unexpected) and config.context != "hybrid":
         problems.append("the checkpoint has hybrid target-KV weights (layers.*.self_attn.kv.*) but config "
                         f"context={config.context!r}: load it with context=\"hybrid\" (or set it in config.json)")
-    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.")))
+    if any(k.startswith("fusion.") for k in unexpected) and config.fusion != "layerwise":
+        problems.append("the checkpoint has layer-wise fusion weights (fusion.*) but config fusion='fc': load it with "
+                        "fusion='layerwise' and its fusion_layer_ids (or set them in config.json)")
+    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.", "fusion.")))
     other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
-    other += sorted(k for k in missing if k.startswith(("retrace.", "steps.")))
+    other += sorted(k for k in missing if k.startswith(("retrace.", "steps.", "fusion.")))
     if other:
         problems.append(
             f"weights that do not fit: {', '.join(other[:8])}{' ...' if len(other) > 8 else ''}; check the shape "
             "fields of config.json (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, "
-            "head_dim, retrace, step_embeddings, block_size) against the checkpoint"
+            "head_dim, retrace, step_embeddings, block_size, fusion_layer_ids) against the checkpoint"
         )
     keys = sorted(missing | unexpected)
     raise ValueError(

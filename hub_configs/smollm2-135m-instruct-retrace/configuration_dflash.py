@@ -17,6 +17,8 @@ from transformers.activations import ACT2FN
 from .kv_dflash import CONTEXT_MODES
 
 PROPOSAL_POLICIES = ("argmax", "sample")
+FUSIONS = ("fc", "layerwise")  # fc: DFlash (one fused context); layerwise: DFlare (one context per drafter layer)
+MAX_FUSION_LAYERS = 9  # DFlare's broad set: 9 target layers (stride 4 of a 36-layer Qwen3)
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block size
 
@@ -46,6 +48,14 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list:
     return ids
 
 
+def default_fusion_layer_ids(num_target_layers: int) -> list:
+    """DFlare's broad set, reconstructed: every s-th target layer counted back from the last, s = ceil(L / 9), so
+    at most 9 layers (L=36 -> stride 4, [3, 7, ..., 35]; L=30 -> stride 4, [1, 5, ..., 29]; L=4 -> all four).
+    A feature store holds 2*H bytes per layer per token, so the set is kept small rather than all L layers."""
+    stride = -(-num_target_layers // MAX_FUSION_LAYERS)
+    return list(range(num_target_layers - 1, -1, -stride))[::-1]
+
+
 def check_option(name: str, value) -> None:
     """Raises for a value of an enumerated or bounded field that no drafter can run with."""
     if name == "proposal_policy" and value not in PROPOSAL_POLICIES:
@@ -70,6 +80,20 @@ def check_option(name: str, value) -> None:
     ):
         raise ValueError(f"kv_layer_ids must be a list of target decoder layer ids (ints >= 0) or None for the "
                          f"default, got {value!r}: e.g. kv_layer_ids=[2, 3] for a 2-layer drafter.")
+    if name == "fusion" and value not in FUSIONS:
+        raise ValueError(
+            f"fusion must be {' or '.join(map(repr, FUSIONS))}, got {value!r}: 'fc' feeds every drafter layer the one "
+            "fused context of target_layer_ids (DFlash), 'layerwise' gives each drafter layer its own mix of "
+            "fusion_layer_ids (DFlare)."
+        )
+    if name == "fusion_layer_ids" and value is not None:
+        ids = list(value) if isinstance(value, (list, tuple)) else None
+        bad = not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids)
+        if bad or len(set(ids)) < len(ids):
+            raise ValueError(
+                f"fusion_layer_ids must be a non-empty list of distinct target decoder layer ids (ints >= 0), got "
+                f"{value!r}: e.g. [1, 5, 9, 13] (or None: every ceil(L/9)-th target layer, the last included)."
+            )
     if name == "hidden_act" and value not in ACT2FN:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
@@ -113,6 +137,14 @@ class DFlashConfig(PretrainedConfig):
             Multiplies the raw target embedding rows fed to the block (z-lab convention).
         output_multiplier (`float`, defaults to 1.0), final_logit_softcapping (`float`, optional):
             Applied to drafter logits after the target's LM head (z-lab convention).
+        fusion (`str`, defaults to `"fc"`):
+            `"fc"`: DFlash, every drafter layer reads one fused context (`fc` + `hidden_norm` of the
+            `target_layer_ids` features). `"layerwise"`: DFlare-style (our reconstruction, see
+            `fusion_dflash`), each drafter layer adds its own learned mix of `fusion_layer_ids` to that context
+            (`fusion.*` weights, zero-initialised: starts as the DFlash drafter exactly).
+        fusion_layer_ids (`list[int]`, optional):
+            The broad set of target layers mixed per drafter layer (`fusion="layerwise"` only). Default: every
+            ceil(L/9)-th target layer counted back from the last (at most 9). See `feature_layer_ids`.
         draft_vocab_size (`int`, optional):
             Size of the draft vocabulary (FR-Spec / EAGLE-3): the drafter's head is the rows
             `draft_to_target` (a saved index) of the target's LM head, and its logits are placed in the full
@@ -151,6 +183,8 @@ class DFlashConfig(PretrainedConfig):
         draft_vocab_size: int | None = None,
         context: str = "hidden",
         kv_layer_ids: list | None = None,
+        fusion: str = "fc",
+        fusion_layer_ids: list | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -193,15 +227,33 @@ class DFlashConfig(PretrainedConfig):
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)
         self.final_logit_softcapping = final_logit_softcapping
-        if draft_vocab_size is not None and not 0 < int(draft_vocab_size) <= vocab_size:
-            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({vocab_size}), got {draft_vocab_size}.")
+        self._set_readers(target_layer_ids, draft_vocab_size, context, kv_layer_ids, fusion, fusion_layer_ids)
+        super().__init__(**kwargs)
+
+    def _set_readers(self, target_layer_ids, draft_vocab_size, context, kv_layer_ids, fusion, fusion_layer_ids):
+        """What the drafter reads and proposes over: target layers (DFlash's default rule when None), the draft
+        vocabulary and the variant fields (KVShot context, DFlare fusion); every assignment is checked by
+        __setattr__."""
+        if draft_vocab_size is not None and not 0 < int(draft_vocab_size) <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {draft_vocab_size}.")
         self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
-        if target_layer_ids is None and num_target_layers is not None:
-            target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
+        if target_layer_ids is None and self.num_target_layers is not None:
+            target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
         self.context = context
         self.kv_layer_ids = [int(i) for i in kv_layer_ids] if kv_layer_ids is not None else None
-        super().__init__(**kwargs)
+        self.fusion, self.fusion_layer_ids = fusion, None if fusion_layer_ids is None else list(fusion_layer_ids)
+        if fusion == "layerwise" and fusion_layer_ids is None and self.num_target_layers is not None:
+            self.fusion_layer_ids = default_fusion_layer_ids(self.num_target_layers)
+
+    @property
+    def feature_layer_ids(self) -> list:
+        """The one ordered list of target layers the drafter reads: `target_layer_ids`, then (layerwise fusion)
+        the `fusion_layer_ids` not already in it. Context features are `hidden_states[i + 1]` of these, concatenated."""
+        ids = list(self.target_layer_ids or [])
+        if self.fusion != "layerwise":
+            return ids
+        return ids + [i for i in self.fusion_layer_ids or [] if i not in ids]
 
     def __setattr__(self, key, value):
         # Every assignment is checked: in __init__, by from_pretrained(..., proposal_policy=...) (which sets
@@ -247,6 +299,6 @@ def _pop_qwen3_layout(kwargs: dict, rope_theta: float) -> float:
 
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "DFlashConfig", "PROPOSAL_POLICIES", "check_block_size", "check_option",
-    "default_target_layer_ids",
+    "DEFAULT_BLOCK_SIZE", "DFlashConfig", "FUSIONS", "PROPOSAL_POLICIES", "check_block_size", "check_option",
+    "default_fusion_layer_ids", "default_target_layer_ids",
 ]

@@ -170,7 +170,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         config = self.drafter.config
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
-        self.layer_ids = list(config.target_layer_ids)
+        self.layer_ids = list(config.feature_layer_ids)  # target_layer_ids, then any fusion layers
         self.num_target_layers = target.config.get_text_config().num_hidden_layers
         self.use_retrace = self.drafter.retrace is not None
         self.context_mode = getattr(config, "context", "hidden")

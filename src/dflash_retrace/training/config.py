@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..config_cli import comma_ints, option
-from ..configuration_dflash import DEFAULT_BLOCK_SIZE
+from ..configuration_dflash import DEFAULT_BLOCK_SIZE, FUSIONS
 from .objective import LOSSES
 
 __all__ = ["LORA_TARGETS", "STAGE_DEFAULTS", "TrainConfig"]
@@ -52,6 +52,13 @@ class TrainConfig:
     kv_layer_ids: list | None = option(None, "kv/hybrid: comma-separated target layers whose KV cache each drafter "
                                              "layer reads, one per layer (default: evenly spaced over the target's "
                                              "upper half, ending at its last layer)", type=comma_ints)
+    fusion: str | None = option(None, "layerwise: each drafter layer adds its own learned mix of a broad set of "
+                                      "target layers to the fc context (DFlare, reconstructed); with --init it adds "
+                                      "zero-initialised fusion weights to that DFlash drafter; default: fc for a "
+                                      "fresh drafter, the --init drafter's own otherwise",
+                                choices=list(FUSIONS))
+    fusion_layer_ids: list | None = option(None, "layerwise fusion: comma-separated target layers to mix (default: "
+                                                 "every ceil(L/9)-th layer, the last included)", type=comma_ints)
     # Data.
     features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
                                         "running the target's layers (its embedding and LM head only); --data is "
@@ -120,9 +127,11 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         for f in dataclasses.fields(self):  # the CLI checks choices; a config built in Python is checked here
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices and not (f.default is None and getattr(self, f.name)
-                                                                         is None):
+            if choices and getattr(self, f.name) not in (*choices, *([None] if f.default is None else [])):
                 raise ValueError(f"{f.name} must be one of {list(choices)}, got {getattr(self, f.name)!r}.")
+        if self.fusion_layer_ids is not None and self.fusion != "layerwise":
+            raise ValueError("fusion_layer_ids (--fusion-layer-ids) sets the target layers mixed by layer-wise fusion: "
+                             "add fusion='layerwise' (--fusion layerwise).")
         if self.features and self.stage == "retrace":
             raise ValueError("The ReTrace stage rolls out real draft-verify rounds with the target online: train it "
                              "from --data (rows), without --features.")

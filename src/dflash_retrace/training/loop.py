@@ -113,6 +113,7 @@ def _build_drafter(target, cfg, drafter):
             target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size or DEFAULT_BLOCK_SIZE,
             mask_token_id=cfg.mask_token_id, num_target_features=cfg.num_target_features,
             target_layer_ids=cfg.target_layer_ids, context=cfg.context or "hidden", kv_layer_ids=cfg.kv_layer_ids,
+            fusion=cfg.fusion or "fc", fusion_layer_ids=cfg.fusion_layer_ids,
         )
     elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
         check_block_size(cfg.block_size)
@@ -126,6 +127,7 @@ def _build_drafter(target, cfg, drafter):
         print(f"[train] context {drafter.config.context} -> {cfg.context}" + (" (zero-initialised kv weights added)"
                                                                              if cfg.context == "hybrid" else ""))
         drafter.set_context(cfg.context, cfg.kv_layer_ids)
+    _set_fusion(drafter, cfg)
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
@@ -134,14 +136,25 @@ def _build_drafter(target, cfg, drafter):
     return drafter.float()  # fp32 master weights; mixed precision only autocasts the compute
 
 
+def _set_fusion(drafter, cfg):
+    """`--fusion layerwise` on an --init DFlash drafter adds zero-initialised fusion weights (it starts as that
+    drafter exactly); no option keeps the drafter's own fusion. Nothing removes fusion weights."""
+    if cfg.fusion == "layerwise":
+        drafter.add_fusion(cfg.fusion_layer_ids)
+    elif cfg.fusion == "fc" and drafter.fusion is not None:
+        raise ValueError("The --init drafter has layer-wise fusion weights; --fusion fc cannot drop them. Omit "
+                         "--fusion to keep its fusion, or start from a DFlash drafter.")
+
+
 def _apply_lora(drafter, cfg):
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=LORA_TARGETS,
-        # The ReTrace conditioner / step embeddings are new: trained in full and saved with the adapter.
-        modules_to_save=(["retrace"] if cfg.stage == "retrace" else []) + (["steps"] if cfg.step_embeddings else [])
-        or None,
+        # New weights (the ReTrace conditioner in that stage, step embeddings, fusion weights): trained in full and
+        # saved with the adapter.
+        modules_to_save=[name for name, full in (("retrace", cfg.stage == "retrace"), ("steps", cfg.step_embeddings),
+                                                 ("fusion", drafter.fusion is not None)) if full] or None,
     )
     return get_peft_model(drafter, lora)
 
@@ -194,7 +207,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
     if cfg.features:
-        examples.store.select_layers(drafter_core(model).config.target_layer_ids)  # a clear error if it lacks them
+        examples.store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
         if drafter_core(model).config.context != "hidden":
             check_store_kv_layers(examples.store, drafter_core(model).config.kv_layer_ids)
     model.to(accelerator.device).train()
@@ -265,7 +278,7 @@ def _prepare_model(target, cfg, drafter, out_dir, save_dtype, main):
         for name, param in drafter.named_parameters():
             param.requires_grad_(name.startswith("retrace."))
     if cfg.lora and main and _lora_base_path(cfg, out_dir) == (out_dir / "base").resolve():
-        # A fresh drafter, or one that just gained ReTrace / step weights: the adapter needs this exact base, which
+        # A fresh drafter, or one that just gained ReTrace / step / fusion weights: the adapter needs this exact base, which
         # LoRA training leaves untouched, so it is saved now.
         copy.deepcopy(drafter).to(save_dtype).save_pretrained(out_dir / "base")
     return _apply_lora(drafter, cfg) if cfg.lora else drafter
@@ -404,14 +417,14 @@ class _Stepper:
                             kv = stored_target_kv(self.target, items, input_ids.shape[1], self.kv_layer_ids)
                     elif cfg.labels != "data":
                         features, label_ids, *kv = target_features(
-                            self.target, input_ids, self.core.config.target_layer_ids, with_labels=True,
+                            self.target, input_ids, self.core.config.feature_layer_ids, with_labels=True,
                             kv_layer_ids=self.kv_layer_ids)
                         kv = kv[0] if kv else None
                         if vocab is not None:  # the target may say tokens the data does not have
                             vocab = torch.unique(torch.cat([vocab.to(device), label_ids[loss_mask]]))
                     else:  # (block_hidden_states computes features and K/V in one forward)
                         features = None if self.kv_layer_ids is not None else target_features(
-                            self.target, input_ids, self.core.config.target_layer_ids)
+                            self.target, input_ids, self.core.config.feature_layer_ids)
                     loss, stats = dflash_block_loss(self.model, self.target, input_ids, loss_mask, anchors,
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
@@ -459,7 +472,8 @@ def _prepare_out_dir(out_dir, cfg):
 
 def _lora_base_path(cfg, out_dir) -> Path:
     """Where the adapter's base drafter lives: `init` if LoRA trains on it as is, else `out_dir/base`."""
-    if cfg.init is not None and cfg.stage == "dflash" and not cfg.step_embeddings:
+    changed = cfg.stage != "dflash" or cfg.step_embeddings or cfg.fusion == "layerwise" or cfg.context is not None
+    if cfg.init is not None and not changed:  # LoRA on the --init drafter as it is
         return Path(cfg.init).resolve()
     return (Path(out_dir) / "base").resolve()
 

@@ -247,7 +247,7 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
         online, target_kv = target_features(target, input_ids, cfg.target_layer_ids, kv_layer_ids=cfg.kv_layer_ids)
         features = online if features is None else features
     if features is None:  # right padding needs no mask: causal attention never looks ahead to it
-        features = target_features(target, input_ids, cfg.target_layer_ids)
+        features = target_features(target, input_ids, cfg.feature_layer_ids)
     if label_ids is not None and label_ids.dim() == 1:
         label_ids = label_ids[None]
     block_ids, positions, labels, label_valid = block_inputs(input_ids, loss_mask, anchors, B, cfg.mask_token_id,
