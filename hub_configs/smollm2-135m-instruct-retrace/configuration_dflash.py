@@ -98,6 +98,16 @@ def check_option(name: str, value) -> None:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
 
+def check_variant_combination(fusion: str, context: str) -> None:
+    """Raises for drafter variants that cannot work together (checked when a drafter is built or changed)."""
+    if fusion == "layerwise" and context == "kv":
+        raise ValueError(
+            "fusion='layerwise' feeds each drafter layer's attention its own mix of target layers, but context='kv' "
+            "replaces that attention's context with the target's KV cache, so the fusion weights would never be "
+            "used: choose context='hybrid' (both) or 'hidden', or fusion='fc'."
+        )
+
+
 class DFlashConfig(PretrainedConfig):
     r"""
     Args:
@@ -299,6 +309,6 @@ def _pop_qwen3_layout(kwargs: dict, rope_theta: float) -> float:
 
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "DFlashConfig", "FUSIONS", "PROPOSAL_POLICIES", "check_block_size", "check_option",
-    "default_fusion_layer_ids", "default_target_layer_ids",
+    "CONTEXT_MODES", "DEFAULT_BLOCK_SIZE", "DFlashConfig", "FUSIONS", "PROPOSAL_POLICIES", "check_block_size",
+    "check_option", "check_variant_combination", "default_fusion_layer_ids", "default_target_layer_ids",
 ]

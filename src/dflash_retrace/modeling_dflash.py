@@ -21,7 +21,12 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from .configuration_dflash import DEFAULT_BLOCK_SIZE, DFlashConfig, default_target_layer_ids
+from .configuration_dflash import (
+    DEFAULT_BLOCK_SIZE,
+    DFlashConfig,
+    check_variant_combination,
+    default_target_layer_ids,
+)
 from .fusion_dflash import LayerwiseFusion, resolve_fusion_layer_ids
 from .generation_dflash import (
     DFlashCandidateGenerator,
@@ -97,6 +102,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
             )
         resolve_kv_layer_ids(config)
         resolve_fusion_layer_ids(config)
+        check_variant_combination(config.fusion, config.context)
         self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = DFlashRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = DFlashRotaryEmbedding(config)
@@ -225,6 +231,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         """Switches what the layers attend to (KVShot, see `kv_dflash`) in place. "hybrid" adds zero-initialised
         `layers.*.self_attn.kv.*` weights (the drafter then drafts exactly as before); "kv" adds none but does NOT
         draft as before (its keys now come from the target): train it."""
+        check_variant_combination(self.config.fusion, context)
         self.config.context = context
         self.config.kv_layer_ids = kv_layer_ids if kv_layer_ids is not None else self.config.kv_layer_ids
         resolve_kv_layer_ids(self.config)
@@ -240,6 +247,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
     def add_fusion(self, fusion_layer_ids: list | None = None) -> "DFlashDrafter":
         """Adds zero-initialised layer-wise fusion weights in place (the drafter then behaves exactly as before)."""
         if self.fusion is None:
+            check_variant_combination("layerwise", self.config.context)
             self.config.fusion_layer_ids = None if fusion_layer_ids is None else list(fusion_layer_ids)
             self.config.fusion = "layerwise"
             resolve_fusion_layer_ids(self.config)
@@ -290,13 +298,14 @@ class DFlashDrafter(DFlashPreTrainedModel):
             raise ValueError(f"config.context={self.config.context!r} was set without the weights it needs: use "
                              "`drafter.set_context(...)` (or from_pretrained(..., context=...)).")
         bsz, q_len, hidden = noise_embeds.shape
-        contexts = self._layer_contexts(context_hidden_states, noise_embeds)  # one (b, c, H) per layer
-        ctx_len = contexts[0].shape[1]
+        # DFlash's fused context (b, c, H), and one context per layer (the same tensor unless fusion="layerwise")
+        context, contexts = self._layer_contexts(context_hidden_states, noise_embeds)
+        ctx_len = context.shape[1]
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + ctx_len + q_len, device=noise_embeds.device)[None]
         hidden_states = noise_embeds.to(self.fc.weight.dtype)
-        if self.steps is not None:  # step embeddings, then ReTrace: both on the block's embeddings
+        if self.steps is not None:  # step embeddings (gate read from the fused context), then ReTrace
             hidden_states = self.steps(hidden_states, context, position_ids, self.config.block_size)
         if retrace_memory is not None:
             if self.retrace is None:
@@ -305,15 +314,15 @@ class DFlashDrafter(DFlashPreTrainedModel):
 
         mask = _as_bool_mask(attention_mask, q_len)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        for i, (layer, context) in enumerate(zip(self.layers, contexts)):
+        for i, (layer, layer_context) in enumerate(zip(self.layers, contexts)):
             layer_kv = None if target_kv is None else target_kv[i]
-            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, layer_kv)
+            hidden_states = layer(hidden_states, layer_context, position_embeddings, mask, cache, layer_kv)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states).to(noise_embeds.dtype))
 
     # ------------------------------------------------------------------------------ helpers
-    def _layer_contexts(self, features, noise_embeds) -> list:
-        """(b, c, n*H) raw features -> one context per drafter layer: DFlash's `hidden_norm(fc(.))` of the
-        `target_layer_ids` columns, plus each layer's own fusion term with `fusion="layerwise"`."""
+    def _layer_contexts(self, features, noise_embeds) -> tuple:
+        """(b, c, n*H) raw features -> (DFlash's fused context `hidden_norm(fc(.))` of the `target_layer_ids`
+        columns, one context per drafter layer: that one plus the layer's own fusion term with `fusion="layerwise"`)."""
         dtype, hidden = self.fc.weight.dtype, self.config.hidden_size
         width = len(self.config.feature_layer_ids) * hidden
         if features is None:
@@ -330,8 +339,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
         features = features.to(dtype)
         context = self.hidden_norm(self.fc(features[..., : self.fc.in_features]))  # (b, c, H)
         if self.fusion is None:
-            return [context] * len(self.layers)
-        return self.fusion(features, context)
+            return context, [context] * len(self.layers)
+        return context, self.fusion(features, context)
 
     def context_features(self, hidden_states, num_positions: int | None = None) -> torch.Tensor:
         """(b, c, n*H) raw context features from a target forward's `hidden_states` (see `context_features`)."""

@@ -99,6 +99,12 @@ def zlab_state_dict(drafter: DFlashDrafter) -> dict:
             f"This drafter attends to the target's KV cache (context={drafter.config.context!r}); z-lab's "
             "DFlashDraftModel attends to the fused hidden states only, so a z-lab export would draft differently. "
             "Export with format='ours' (trust_remote_code).")
+    options = [name for name, on in (("fusion='layerwise' (DFlare)", drafter.config.fusion != "fc"),
+                                     ("step_embeddings=True (PAD-Rec)", drafter.config.step_embeddings)) if on]
+    if options:
+        raise ValueError(
+            f"This drafter uses {' and '.join(options)}; z-lab's DFlashDraftModel has neither, so a z-lab export would "
+            "draft differently. Export with format='ours' (trust_remote_code).")
     state, dropped = {}, []
     for name, tensor in drafter.state_dict().items():
         if name.startswith("retrace."):

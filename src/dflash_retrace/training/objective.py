@@ -244,7 +244,7 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
     input_ids, loss_mask, anchors = input_ids.to(device), loss_mask.to(device), anchors.to(device)
     bsz, T = input_ids.shape
     if cfg.context != "hidden" and target_kv is None:  # features and K/V from one forward
-        online, target_kv = target_features(target, input_ids, cfg.target_layer_ids, kv_layer_ids=cfg.kv_layer_ids)
+        online, target_kv = target_features(target, input_ids, cfg.feature_layer_ids, kv_layer_ids=cfg.kv_layer_ids)
         features = online if features is None else features
     if features is None:  # right padding needs no mask: causal attention never looks ahead to it
         features = target_features(target, input_ids, cfg.feature_layer_ids)
