@@ -46,6 +46,16 @@ def run(cmd, log):
         raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}; see {log}")
 
 
+def variant_flags(args, name):
+    """The variant's `train` flags, with the layer sets the store holds (--fusion-layer-ids, --kv-layer-ids)."""
+    flags = list(VARIANTS[name])
+    if "--fusion" in flags and args.fusion_layer_ids:
+        flags += ["--fusion-layer-ids", args.fusion_layer_ids]
+    if "--context" in flags and args.kv_layer_ids:
+        flags += ["--kv-layer-ids", args.kv_layer_ids]
+    return flags
+
+
 def train(args, name, flags, out):
     folder = out / name
     if (folder / "summary.json").exists():
@@ -178,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--train-args", default="--labels target-chain --mixed-precision bf16 --grad-accum 4 "
                         "--lr 3e-4 --warmup-ratio 0.02 --max-anchors 256 --eval-size 64 --eval-prompts 0 "
                         "--save-dtype bfloat16 --no-progress", help="flags every variant's `train` shares")
+    parser.add_argument("--fusion-layer-ids", default=None, help="layer-wise fusion's target layers (stored ones)")
+    parser.add_argument("--kv-layer-ids", default=None, help="KV variants' target layers (l - 1 stored for each l)")
     parser.add_argument("--datasets", default="humaneval:164,mt-bench:80,gsm8k:128", help="set:prompts,...")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -191,7 +203,7 @@ def main(argv=None):
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or "dflash" not in names:
         raise SystemExit(f"--variants must include dflash and name only {sorted(VARIANTS)}; got {names}")
-    folders = {name: train(args, name, VARIANTS[name], out) for name in names}
+    folders = {name: train(args, name, variant_flags(args, name), out) for name in names}
     reports = {}
     for spec in args.datasets.split(","):
         dataset, _, count = spec.partition(":")

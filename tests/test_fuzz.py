@@ -39,12 +39,21 @@ def _random_drafter(rng, target):
     torch.manual_seed(rng.randrange(10_000))
     num_target_layers = target.config.num_hidden_layers
     layer_ids = sorted(rng.sample(range(num_target_layers), rng.randint(1, min(3, num_target_layers))))
+    # The drafter variants (issue 15), each on in some cases, with live (non-zero) weights below.
+    context = rng.choice(["hidden", "hidden", "kv", "hybrid"])
+    fusion = "layerwise" if context != "kv" and rng.random() < 0.3 else "fc"
+    variants = dict(context=context, fusion=fusion, step_embeddings=rng.random() < 0.3)
+    if fusion == "layerwise":
+        variants["fusion_layer_ids"] = rng.sample(range(num_target_layers), rng.randint(1, num_target_layers))
     drafter = DFlashDrafter.from_target(target, num_hidden_layers=layers, block_size=block_size, retrace=retrace,
-                                        target_layer_ids=layer_ids).eval()
-    if retrace:  # W_v starts at zero (the drafter would be its DFlash backbone): give the memory an effect
-        with torch.no_grad():
-            drafter.retrace.value.weight.normal_(0.0, 0.5)
-    return drafter, f"B{block_size}/{layers}L{'/retrace' if retrace else ''}"
+                                        target_layer_ids=layer_ids, **variants).eval()
+    with torch.no_grad():  # zero-initialised weights would make each option its DFlash backbone: give them an effect
+        for name, param in drafter.named_parameters():
+            if name.startswith(("retrace.", "fusion.", "steps.")) or ".self_attn.kv." in name:
+                param.normal_(0.0, 0.5)
+    options = [retrace and "retrace", context != "hidden" and context, fusion != "fc" and fusion,
+               variants["step_embeddings"] and "steps"]
+    return drafter, f"B{block_size}/{layers}L" + "".join(f"/{o}" for o in options if o)
 
 
 def _generate_kwargs(rng, prompt_length, max_positions, continuation, tokenizer):

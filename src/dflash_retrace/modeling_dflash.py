@@ -243,6 +243,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
             elif attn.kv is None:
                 attn.kv = TargetKVAttention(self.config).to(device=param.device, dtype=param.dtype)
                 self._init_weights(attn.kv.o_proj)
+        return self
 
     def add_fusion(self, fusion_layer_ids: list | None = None) -> "DFlashDrafter":
         """Adds zero-initialised layer-wise fusion weights in place (the drafter then behaves exactly as before)."""
