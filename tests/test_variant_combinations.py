@@ -143,3 +143,13 @@ def test_zlab_export_refuses_every_variant(qwen3_drafter, tmp_path, options, mes
     with pytest.raises(ValueError, match=f"{message}.*format='ours'"):
         zlab_state_dict(DFlashDrafter.from_pretrained(tmp_path, **options))
     assert zlab_state_dict(DFlashDrafter.from_pretrained(tmp_path))  # plain DFlash exports
+
+
+def test_model_card_names_the_variants(qwen3_drafter, zero_all):
+    from dflash_retrace.hub.card import model_card
+
+    card = model_card(zero_all)
+    row = next(line for line in card.splitlines() if line.startswith("| variants |"))
+    for words in ("layer-wise fusion (DFlare)", "step-position embeddings (PAD-Rec)", "target-KV context 'hybrid'"):
+        assert words in row
+    assert "| variants | none |" in model_card(qwen3_drafter)

@@ -61,6 +61,12 @@ def model_card(drafter, *, format="ours", base_model=None, license="apache-2.0",
         ("target decoder layers", cfg.num_target_layers),
         ("mask token id", cfg.mask_token_id),
         ("ReTrace", "yes" if retrace else "no"),
+        ("variants", ", ".join(v for v, on in (
+            (f"layer-wise fusion (DFlare) of layers {cfg.fusion_layer_ids}", cfg.fusion == "layerwise"),
+            ("step-position embeddings (PAD-Rec)", cfg.step_embeddings),
+            (f"target-KV context {cfg.context!r} (KVShot) of layers {cfg.kv_layer_ids}", cfg.context != "hidden"),
+            (f"draft vocabulary of {cfg.draft_vocab_size} tokens", cfg.draft_vocab_size is not None),
+        ) if on) or "none"),
         ("dtype", str(next(drafter.parameters()).dtype).removeprefix("torch.")),
     ]
     lines += [f"| {k} | {v} |" for k, v in rows] + [""]
