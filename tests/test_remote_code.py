@@ -20,14 +20,16 @@ SCRIPT = textwrap.dedent(
     target = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
     drafter = AutoModel.from_pretrained(sys.argv[2], trust_remote_code=True).eval()
     prompts = json.loads(sys.argv[3])
-    result = {"outputs": [], "acceptance": []}
+    result = {"outputs": [], "acceptance": [], "drafts": []}
     for p in prompts:
         ids = torch.tensor([p])
         out = target.generate(ids, assistant_model=drafter, do_sample=False, max_new_tokens=30)
         result["outputs"].append(out[0].tolist())
         result["acceptance"].append(drafter.last_stats.acceptance_lengths)
+        result["drafts"].append(drafter.last_stats.drafts)
     result["modules"] = sorted(m for m in sys.modules if "dflash_retrace" in m)
     result["class"] = type(drafter).__module__
+    result["submodules"] = sorted({type(m).__module__ for m in drafter.modules()})
     print("RESULT" + json.dumps(result))
     """
 )

@@ -3,9 +3,6 @@
 import copy
 import json
 import math
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -15,6 +12,7 @@ from dflash_retrace import DFlashDrafter, cli
 from dflash_retrace.configuration_dflash import DFlashConfig
 from dflash_retrace.training import TrainConfig, train_drafter
 from dflash_retrace.training.objective import block_hidden_states, dflash_block_loss, slot_weights, vat_weights
+from test_remote_code import _run as run_remote
 from tiny import continuations, prompts, tiny_tokenizer
 
 B = 8
@@ -99,27 +97,6 @@ def test_live_steps_change_the_drafts(qwen3_target, qwen3_drafter, live_steps, t
 
 
 # ------------------------------------------------------------- (3) save + trust_remote_code
-SCRIPT = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "dflash_retrace" or name.startswith("dflash_retrace."):
-                raise ImportError("dflash_retrace is blocked in this process")
-    sys.meta_path.insert(0, Block())
-    import torch
-    from transformers import AutoModel, AutoModelForCausalLM
-    target = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-    drafter = AutoModel.from_pretrained(sys.argv[2], trust_remote_code=True).eval()
-    result = []
-    for p in json.loads(sys.argv[3]):
-        out = target.generate(torch.tensor([p]), assistant_model=drafter, do_sample=False, max_new_tokens=30)
-        result.append([out[0].tolist(), drafter.last_stats.drafts, type(drafter.steps).__module__])
-    print("RESULT" + json.dumps(result))
-    """
-)
-
-
 def test_saved_steps_drafter_runs_through_remote_code_in_a_fresh_process(qwen3_target, live_steps, train_prompts,
                                                                           tmp_path):
     qwen3_target.save_pretrained(tmp_path / "target")
@@ -127,13 +104,13 @@ def test_saved_steps_drafter_runs_through_remote_code_in_a_fresh_process(qwen3_t
     assert (tmp_path / "drafter" / "steps_dflash.py").is_file()
     assert json.loads((tmp_path / "drafter" / "config.json").read_text())["step_embeddings"] is True
     chosen = train_prompts[:3]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "target"), str(tmp_path / "drafter"),
-                           json.dumps([p[0].tolist() for p in chosen])], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
-    for prompt, (out, drafts, module) in zip(chosen, result):
+    result = run_remote(tmp_path / "target", tmp_path / "drafter", [p[0].tolist() for p in chosen])
+    assert result["modules"] == [] and all(m.startswith("transformers_modules") for m in result["submodules"]
+                                           if "dflash" in m)
+    assert any(m.endswith("steps_dflash") for m in result["submodules"])
+    for prompt, out, drafts in zip(chosen, result["outputs"], result["drafts"]):
         ref, ref_drafts, _ = run(qwen3_target, live_steps, prompt, 30)
-        assert out == ref[0].tolist() and drafts == ref_drafts and module.startswith("transformers_modules")
+        assert out == ref[0].tolist() and drafts == ref_drafts
 
 
 # ------------------------------------------------------------------------------------ (4) PEFT
