@@ -149,6 +149,7 @@ def plot(rows, names, path):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / max(1, len(names) - 1)
     others = [n for n in names if n != "dflash"]
+    color = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per variant in both panels
     for j, name in enumerate(others):
         xs, ys, lo, hi = [], [], [], []
         for i, cell in enumerate(cells):
@@ -158,7 +159,7 @@ def plot(rows, names, path):
             ys.append(r["tau_ratio"])
             lo.append(r["tau_ratio"] - ci[0])
             hi.append(ci[1] - r["tau_ratio"])
-        ax1.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=name)
+        ax1.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=name, color=color[name])
     ax1.axhline(1.0, color="grey", lw=1)
     ax1.set_xticks(range(len(cells)), [f"{d}\nT={t:g}" for d, t in cells])
     ax1.set_ylabel("τ(variant) / τ(DFlash), 95% CI")
@@ -168,7 +169,7 @@ def plot(rows, names, path):
         if rates:
             k = min(len(x) for x in rates)
             ax2.plot(range(1, k + 1), [sum(x[i] for x in rates) / len(rates) for i in range(k)], marker="o",
-                     label=name)
+                     label=name, color=color[name])
     ax2.set_xlabel("proposal slot")
     ax2.set_ylabel("acceptance rate (T=0, mean over sets)")
     ax2.legend(fontsize=8)
