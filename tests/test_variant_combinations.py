@@ -153,3 +153,14 @@ def test_model_card_names_the_variants(qwen3_drafter, zero_all):
     for words in ("layer-wise fusion (DFlare)", "step-position embeddings (PAD-Rec)", "target-KV context 'hybrid'"):
         assert words in row
     assert "| variants | none |" in model_card(qwen3_drafter)
+
+
+def test_kv_layer_ids_without_a_kv_context_is_refused(qwen3_target, qwen3_drafter, tmp_path):
+    qwen3_drafter.save_pretrained(tmp_path / "dflash")
+    rows = continuations(qwen3_target, prompts(2, seed=3), 20)
+    data = [{"id": str(i), "input_ids": ids.tolist(), "loss_mask": mask.long().tolist()}
+            for i, (ids, mask) in enumerate(rows)]
+    cfg = TrainConfig(init=str(tmp_path / "dflash"), max_steps=1, eval_size=0, progress=False, checkpoint_every=0,
+                      kv_layer_ids=[2, 3])
+    with pytest.raises(ValueError, match="--kv-layer-ids is read only by a kv/hybrid drafter.*--context hybrid"):
+        train_drafter(qwen3_target, None, data, tmp_path / "out", cfg)

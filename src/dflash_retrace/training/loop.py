@@ -123,6 +123,9 @@ def _build_drafter(target, cfg, drafter):
                              "--block-size, or start from its DFlash backbone).")
         print(f"[train] block size {drafter.config.block_size} -> {cfg.block_size} (the weights do not depend on it)")
         drafter.config.block_size = cfg.block_size
+    if cfg.kv_layer_ids is not None and cfg.context is None and drafter.config.context == "hidden":
+        raise ValueError("--kv-layer-ids is read only by a kv/hybrid drafter and this one attends to hidden states: "
+                         "add --context hybrid (or kv), or drop --kv-layer-ids.")
     if cfg.context is not None and (cfg.context, cfg.kv_layer_ids) != (drafter.config.context, None):
         print(f"[train] context {drafter.config.context} -> {cfg.context}" + (" (zero-initialised kv weights added)"
                                                                              if cfg.context == "hybrid" else ""))
