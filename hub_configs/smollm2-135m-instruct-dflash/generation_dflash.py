@@ -180,7 +180,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
             raise ValueError(f"{type(target).__name__} has no output embeddings (LM head); DFlash drafts through it.")
         self.max_length = generation_config.max_length
         model_kwargs = model_kwargs or {}
-        target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))  # key renamed in 5.24
+        target_cache = _target_cache(model_kwargs)
         if target_cache is not None and target_cache.get_seq_length() > 0:
             # transformers' assisted loop re-feeds the whole prompt on top of a pre-filled cache (5.10-5.24),
             # which silently corrupts the output with any assistant.
@@ -251,9 +251,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         noise = self.drafter.embed_block(self.input_embeddings, block_ids).to(self.device, self.dtype)
         kv = {}
         if self.context_mode != "hidden":  # the target cache holds exactly positions 0..seq_len-2 here
-            target_cache = (model_kwargs or {}).get("cache", (model_kwargs or {}).get("past_key_values"))
-            kv["target_kv"] = read_target_kv(target_cache, self.drafter.config.kv_layer_ids, seq_len - 1,
-                                             self.device, self.dtype)
+            kv["target_kv"] = read_target_kv(_target_cache(model_kwargs), self.drafter.config.kv_layer_ids,
+                                             seq_len - 1, self.device, self.dtype)
         out = self.drafter(
             noise_embeds=noise,
             context_hidden_states=features.to(self.device, self.dtype),
@@ -350,6 +349,12 @@ class DFlashCandidateGenerator(CandidateGenerator):
         u = target_final[:, index.to(target_final.device)].to(self.device, self.dtype)
         conditioned = min(num_old - 1 - accepted, block_len - 1)
         return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), conditioned
+
+
+def _target_cache(model_kwargs):
+    """The target's cache in generate()'s model kwargs (`past_key_values`, renamed `cache` in 5.24)."""
+    model_kwargs = model_kwargs or {}
+    return model_kwargs.get("cache", model_kwargs.get("past_key_values"))
 
 
 def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:
