@@ -94,3 +94,41 @@ def test_periodic_held_out_estimates_and_slot_tokens_are_logged(target, store, t
     assert [r["step"] for r in estimates] == [20, 40]
     later = estimates[-1]
     assert later["held_out_tau_estimate"] >= 1.0 and len(later["held_out_slot_accuracy"]) == 7
+
+
+def _held_store(target, rows, path, names, layers=(0, 1, 2, 3)):
+    examples = [Example(ids, mask, int(mask.nonzero()[0]), name) for (ids, mask), name in zip(rows, names)]
+    build_feature_store(target, examples, path, list(layers), progress=False)
+    return path
+
+
+def test_eval_features_is_the_held_out_set_and_the_store_is_trained_whole(target, store, tmp_path):
+    from dflash_retrace.training import evaluate_slots
+    from dflash_retrace.training.features import FeatureStore, StoredRef
+
+    store_dir, _ = store
+    held_rows = continuations(target, prompts(3, seed=11), NEW)
+    held = _held_store(target, held_rows, tmp_path / "held", ["h0", "h1", "h2"])
+    cfg = _config(store_dir, max_steps=5, eval_features=str(held), eval_prompts=1, eval_max_new_tokens=8)
+    drafter = train_drafter(target, None, None, tmp_path / "out", cfg)
+    summary = drafter.train_summary
+    assert summary["train_sequences"] == 8 and summary["held_out_sequences"] == 3
+    cfg = cfg.resolved()
+    refs = [StoredRef(FeatureStore(held, [1, 3]), i) for i in range(3)]
+    again = evaluate_slots(drafter, target, refs, cfg.max_anchors, cfg.gamma, cfg.seed, "local", cfg.labels)
+    assert again["loss"] == pytest.approx(summary["held_out_loss"], rel=1e-5)
+    capped = train_drafter(target, None, None, tmp_path / "capped", _config(
+        store_dir, max_steps=1, eval_features=str(held), eval_size=2, eval_prompts=1, eval_max_new_tokens=8))
+    assert capped.train_summary["held_out_sequences"] == 2
+
+
+def test_eval_features_sharing_a_row_or_built_otherwise_is_an_error(target, store, tmp_path):
+    store_dir, rows = store
+    shared = _held_store(target, rows[5:6], tmp_path / "shared", ["other-name"])  # same tokens, another id
+    with pytest.raises(ValueError, match=r"1 held-out row\(s\) .* are also in the training store"):
+        train_drafter(target, None, None, tmp_path / "a", _config(store_dir, max_steps=1, eval_features=str(shared)))
+    layers = _held_store(target, continuations(target, prompts(1, seed=12), NEW), tmp_path / "layers", ["x"], [1, 3])
+    with pytest.raises(ValueError, match=r"was not built like the training store.*layer_ids"):
+        train_drafter(target, None, None, tmp_path / "b", _config(store_dir, max_steps=1, eval_features=str(layers)))
+    with pytest.raises(ValueError, match="add --features"):
+        TrainConfig(eval_features=str(layers)).resolved()

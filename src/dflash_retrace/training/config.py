@@ -63,6 +63,9 @@ class TrainConfig:
     features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
                                         "running the target's layers (its embedding and LM head only); --data is "
                                         "then not read")
+    eval_features: str | None = option(None, "a second feature store that is the held-out set (every row, at most "
+                                             "256; --eval-size >= 1 caps the count): the --features store is then "
+                                             "trained on whole, and a row in both stores is an error")
     max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
     max_anchors: int = option(512, "blocks per sequence (random anchors; ReTrace: replayed rounds)")
     loss_vocab: str = option("full", "softmax of the loss: the full vocabulary, or the tokens of the training "
@@ -132,6 +135,9 @@ class TrainConfig:
         if self.fusion_layer_ids is not None and self.fusion != "layerwise":
             raise ValueError("fusion_layer_ids (--fusion-layer-ids) sets the target layers mixed by layer-wise fusion: "
                              "add fusion='layerwise' (--fusion layerwise).")
+        if self.eval_features and not self.features:
+            raise ValueError("eval_features (--eval-features) is the held-out store of a --features run: add --features "
+                             "STORE, or hold rows out of --data with --eval-size.")
         if self.features and self.stage == "retrace":
             raise ValueError("The ReTrace stage rolls out real draft-verify rounds with the target online: train it "
                              "from --data (rows), without --features.")

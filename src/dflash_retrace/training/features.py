@@ -307,3 +307,26 @@ def stored_features(items, width: int, device) -> tuple:
         features[i, : row.features.shape[0]] = row.features
         labels[i, : row.labels.numel()] = row.labels
     return features.to(device), labels.to(device)
+
+
+def held_out_rows(train_store: FeatureStore, path, eval_size: float = 0) -> list:
+    """The rows of the store at `path` as a held-out set for a run on `train_store` (every row, at most 256;
+    `eval_size` >= 1 caps the count). Both stores must come from the same target, tokenizer, prompt rendering and
+    layers, and share no row: a held-out row the run also trains on would make every held-out figure optimistic."""
+    held = FeatureStore(path)
+    keys = ("layer_ids", "hidden_size", "tokenizer", "chat_template", "enable_thinking", "target_dtype")
+    differ = {k: (train_store.manifest.get(k), held.manifest.get(k)) for k in keys
+              if train_store.manifest.get(k) != held.manifest.get(k)}
+    if differ:
+        raise ValueError(f"The held-out store {held.path} was not built like the training store {train_store.path}: "
+                         + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in differ.items())
+                         + ". Build it with the same `dflash-retrace features` options.")
+    train_hashes = {row["sha256"] for row in train_store.rows}
+    train_ids = {row["id"] for row in train_store.rows}
+    shared = [row["id"] for row in held.rows if row["sha256"] in train_hashes or row["id"] in train_ids]
+    if shared:
+        raise ValueError(f"{len(shared)} held-out row(s) of {held.path} are also in the training store "
+                         f"{train_store.path} (ids {shared[:5]}): a held-out split must be disjoint from the rows "
+                         "trained on. Rebuild one of the stores without them.")
+    count = min(len(held), 256, int(eval_size) if eval_size >= 1 else len(held))
+    return [StoredRef(held, i) for i in range(count)]

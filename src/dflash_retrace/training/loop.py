@@ -49,7 +49,7 @@ from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import evaluate_slots, held_out_metrics
-from .features import FeatureStore, StoredRows, stored_features
+from .features import FeatureStore, StoredRows, held_out_rows, stored_features
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
@@ -205,14 +205,18 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     else:
         examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
                                  eos_ids)
-    train_examples, held_out = split_held_out(examples, cfg.eval_size, cfg.seed)
+    if cfg.eval_features:  # a held-out store: a split fixed once, whatever the training store grows into
+        train_examples, held_out = list(examples), held_out_rows(examples.store, cfg.eval_features, cfg.eval_size)
+    else:
+        train_examples, held_out = split_held_out(examples, cfg.eval_size, cfg.seed)
 
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
     if cfg.features:
-        examples.store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
-        if drafter_core(model).config.context != "hidden":
-            check_store_kv_layers(examples.store, drafter_core(model).config.kv_layer_ids)
+        for store in {id(s): s for s in [examples.store] + [ref.store for ref in held_out]}.values():
+            store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
+            if drafter_core(model).config.context != "hidden":
+                check_store_kv_layers(store, drafter_core(model).config.kv_layer_ids)
     model.to(accelerator.device).train()
     attention = _attention_kind(cfg, drafter_core(model), accelerator.device)
     dataset, rollout_tau = _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator)
