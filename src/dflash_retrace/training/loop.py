@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from ..configuration_dflash import DEFAULT_BLOCK_SIZE, check_block_size
 from ..generation_dflash import ReTraceMemory
 from ..modeling_dflash import DFlashDrafter
-from ..runtime import eos_token_ids, load_drafter
+from ..runtime import eos_token_ids, load_drafter, warn_slow_bf16
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
@@ -190,6 +190,8 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     if accelerator is None:
         accelerator = _accelerator(cfg, out_dir, drafter)
     main = accelerator.is_main_process
+    if cfg.mixed_precision == "bf16":
+        warn_slow_bf16(accelerator.device, "--mixed-precision bf16", "--mixed-precision no")
     if main:
         _prepare_out_dir(out_dir, cfg)
     accelerator.wait_for_everyone()
