@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformers import AutoModelForCausalLM
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.evaluation import format_report, run_benchmark
 from dflash_retrace.evaluation.methods import _budget_rounds
@@ -15,7 +16,9 @@ from dflash_retrace.cli import main as cli_main
 from dflash_retrace.evaluation.metrics import (
     acceptance_histogram,
     agreement,
+    merge_suffix_matches,
     per_slot_acceptance,
+    rejected_suffix_matches,
     summarize_rounds,
     tau_pooled,
     tau_prompt_mean,
@@ -186,6 +189,44 @@ def _check_token_counts(report, max_new_tokens):
     assert report["summary"]["methods"]["plain"]["new_tokens"] == total
 
 
+def test_rejected_suffix_matches_by_hand():
+    new_ids = [10, 11, 12, 13, 14, 15, 16, 17]  # index 0: the prefill's token; rounds start at 1, 4, 5
+    lengths = [3, 1, 3]
+    drafts = [[11, 12, 99, 14],  # 99 rejected at index 3; its suffix [14] lands on index 4 (a match at shift 0)
+              [50, 16, 17],  # 50 rejected at index 4; [16, 17] run one ahead of the target (shift +1 matches)
+              [15, 16, 17]]  # cut by the budget after 3 tokens: its third proposal equals the target's, no rejection
+    got = rejected_suffix_matches(new_ids, lengths, drafts)
+    assert got == {"rounds": 2, "compared": {"-1": 3, "0": 3, "1": 3}, "matched": {"-1": 0, "0": 1, "1": 2}}
+    merged = merge_suffix_matches([got, got])
+    assert merged["rounds"] == 4 and merged["compared"]["0"] == 6
+    assert merged["match_rate"] == {"-1": 0.0, "0": pytest.approx(1 / 3), "1": pytest.approx(2 / 3)}
+    assert merge_suffix_matches([])["match_rate"]["0"] is None
+    with pytest.raises(ValueError, match="2 rounds of drafts but 3"):
+        rejected_suffix_matches(new_ids, lengths, drafts[:2])
+
+
+def test_drafts_align_with_the_output_as_the_suffix_metric_assumes(tiny_assets):
+    """The real generator's rounds: round r proposes from index 1 + sum(lengths[:r]) of the new tokens, its
+    accepted proposals are the output there, and the first rejected one differs from it."""
+    from tiny import prompts
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_assets / "target").eval()
+    drafter = DFlashDrafter.from_pretrained(tiny_assets / "drafter").eval()
+    rejections = 0
+    for prompt in prompts(6, seed=5):
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=24)
+        new_ids, stats = out[0, prompt.shape[1]:].tolist(), drafter.last_stats
+        start = 1
+        for length, proposals in zip(stats.acceptance_lengths, stats.drafts):
+            assert proposals[: length - 1] == new_ids[start : start + length - 1]
+            if length - 1 < len(proposals) and start + length - 1 < len(new_ids):
+                assert proposals[length - 1] != new_ids[start + length - 1]
+                rejections += 1
+            start += length
+        assert len(new_ids) - start in (0, 1)  # a last token with no room for a proposal is the target's alone
+    assert rejections > 0
+
+
 def test_bench_run_on_tiny_models(tiny_assets, tmp_path, capsys):
     out, png = tmp_path / "results.json", tmp_path / "plot.png"
     report = run_benchmark(
@@ -242,6 +283,13 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
             row["methods"]["speculative:dflash"]["acceptance_lengths"]
     assert any(r["methods"]["speculative"]["acceptance_lengths"] != r["methods"]["speculative:dflash"]["acceptance_lengths"]
                for r in report["prompts"]), "the memory should change some round"
+    for name, memory in (("speculative", True), ("speculative:dflash", False)):
+        suffix = methods[name]["rejected_suffix"]
+        assert suffix["rounds"] > 0 and suffix["compared"]["0"] > 0 and 0 <= suffix["match_rate"]["0"] <= 1
+        assert (methods[name]["memory_slots_mean"] > 0) == memory
+        assert (methods[name]["memory_rounds_share"] > 0) == memory
+    assert f"rejected suffixes (speculative:dflash, {methods['speculative:dflash']['rejected_suffix']['rounds']} " \
+        "rounds)" in text and "ReTrace memory in 0% of rounds, 0.00 slots per round" in text
     ratio = report["summary"]["tau_ratios"]["speculative/speculative:dflash"]
     assert ratio == pytest.approx(methods["speculative"]["tau_pooled"] / methods["speculative:dflash"]["tau_pooled"])
     assert "τ ratio speculative/speculative:dflash" in text and "speculative:no_memory" in text

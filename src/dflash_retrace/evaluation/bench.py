@@ -41,7 +41,8 @@ from ..config_cli import add_config_arguments, config_from_args, option
 from ..prompts import load_prompts
 from ..runtime import INFERENCE_DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
 from .methods import BUILTIN, PLAIN, REFERENCE, SPECULATIVE, Methods, clock
-from .metrics import agreement, speedup_bound_fault, spread, summarize_rounds
+from .metrics import (agreement, merge_suffix_matches, rejected_suffix_matches, speedup_bound_fault, spread,
+                      summarize_rounds)
 from .report import format_report, plot_results
 
 __all__ = ["BenchConfig", "register_cli", "run_benchmark"]
@@ -134,6 +135,8 @@ class _Row:
     acceptance_lengths: list | None = None
     num_proposals: list | None = None
     error: str | None = None
+    suffix: list = field(default_factory=list)  # `rejected_suffix_matches` per turn (our generator)
+    conditioned_slots: list = field(default_factory=list)
 
 
 def _encode(tokenizer, messages, enable_thinking, device):
@@ -195,6 +198,9 @@ def _run_prompt(methods: Methods, names: list, item: dict, index: int, tokenizer
             if result.acceptance_lengths is not None:
                 row.acceptance_lengths += result.acceptance_lengths
                 row.num_proposals += result.num_proposals
+            if result.drafts is not None:
+                row.suffix.append(rejected_suffix_matches(result.new_ids, result.acceptance_lengths, result.drafts))
+                row.conditioned_slots += result.conditioned_slots
         if rows[PLAIN].error:
             for row in rows.values():
                 row.error = row.error or "skipped: plain generate failed on an earlier turn"
@@ -218,6 +224,8 @@ def _prompt_row(item: dict, prompt_tokens: list, prefill_s: float, rows: dict, s
                 lengths = row.acceptance_lengths
                 entry.update(rounds=len(lengths), tau=sum(lengths) / len(lengths) if lengths else None,
                              acceptance_lengths=lengths, num_proposals=row.num_proposals)
+            if row.suffix:
+                entry.update(rejected_suffix=merge_suffix_matches(row.suffix), conditioned_slots=row.conditioned_slots)
             if name != PLAIN and not plain.error:
                 first = agreement([plain.new_ids], [row.new_ids])["first_divergence"][0]
                 entry.update(agrees_with_plain=first is None, first_divergence=first)
@@ -234,6 +242,18 @@ def _sum(rows: list, name: str, key: str) -> float:
 
 def _ratio(a: float, b: float):
     return a / b if b > 0 else None
+
+
+def _memory_summary(entries: list) -> dict:
+    """Where ReTrace's memory comes from and goes (our generator's rounds only): the rejected suffixes against the
+    target's continuation (`rejected_suffix_matches`), and the slots that received memory per round."""
+    entries = [e for e in entries if "rejected_suffix" in e]
+    if not entries:
+        return {}
+    slots = [n for e in entries for n in e["conditioned_slots"]]
+    return {"rejected_suffix": merge_suffix_matches([e["rejected_suffix"] for e in entries]),
+            "memory_slots_mean": sum(slots) / len(slots) if slots else None,
+            "memory_rounds_share": sum(n > 0 for n in slots) / len(slots) if slots else None}
 
 
 def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) -> dict:
@@ -261,6 +281,7 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
             summary.update(summarize_rounds([p["methods"][name]["acceptance_lengths"] for p in ok],
                                             [p["methods"][name]["num_proposals"] for p in ok], block_sizes[name]))
             summary["ms_per_round"] = _ratio(1000 * decode_s, summary["num_rounds"])
+            summary.update(_memory_summary([p["methods"][name] for p in ok]))
             turns = sum(p["turns"] for p in pair)  # decode tokens: each turn's first token is the prefill's
             rates = [_ratio(_sum(pair, n, "new_tokens") - turns, _sum(pair, n, "decode_s")) for n in (name, PLAIN)]
             summary["decode_rate_ratio"] = _ratio(rates[0] or 0.0, rates[1] or 0.0)

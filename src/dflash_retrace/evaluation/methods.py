@@ -68,6 +68,8 @@ class Generation:
     new_ids: list
     acceptance_lengths: list | None = None
     num_proposals: list | None = None
+    drafts: list | None = None  # our generator only: each round's proposals, and the slots given ReTrace memory
+    conditioned_slots: list | None = None
 
 
 def clock(device: torch.device) -> float:
@@ -147,7 +149,8 @@ class Methods:
         if stats is None:  # never report a plain run as speculative
             raise RuntimeError("generate(assistant_model=drafter) did not run the DFlash candidate generator "
                                "(drafter.last_stats was not set): is the dispatch disabled (no_dispatch)?")
-        return Generation(new_ids, list(stats.acceptance_lengths), list(stats.num_proposals))
+        return Generation(new_ids, list(stats.acceptance_lengths), list(stats.num_proposals), list(stats.drafts),
+                          list(stats.conditioned_slots))
 
     def zlab_reference(self, input_ids, max_new_tokens):
         from dflash.model import dflash_generate

@@ -17,7 +17,9 @@ __all__ = [
     "acceptance_histogram",
     "agreement",
     "check_rounds",
+    "merge_suffix_matches",
     "per_slot_acceptance",
+    "rejected_suffix_matches",
     "speedup_bound_fault",
     "spread",
     "summarize_rounds",
@@ -144,3 +146,49 @@ def spread(values: list) -> dict | None:
     mid = len(values) // 2
     median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
     return {"min": values[0], "median": median, "max": values[-1], "n": len(values)}
+
+
+SUFFIX_SHIFTS = (-1, 0, 1)
+
+
+def rejected_suffix_matches(new_ids: list, acceptance_lengths: list, drafts: list, first: int = 1) -> dict:
+    """Where the rejected suffixes of one turn land: in every round that rejected a proposal, its later proposals
+    (what ReTrace hands the next round as memory) against the tokens the target committed at the same positions
+    (shift 0) and one position earlier or later (-1 / +1: the draft ran a token behind or ahead of the target).
+
+    `new_ids`: the turn's new tokens; round r proposes from index `first + sum(acceptance_lengths[:r])` (`first`:
+    tokens committed before the first round, the prefill's one). `drafts[r]`: round r's proposals. Only positions
+    inside `new_ids` are compared, so a round cut by EOS or the budget counts no rejection.
+
+    Returns {"rounds": rounds with a rejected suffix, "compared": {shift: n}, "matched": {shift: n}} (str keys).
+    """
+    if len(drafts) != len(acceptance_lengths):
+        raise ValueError(f"{len(drafts)} rounds of drafts but {len(acceptance_lengths)} acceptance lengths")
+    compared = {str(s): 0 for s in SUFFIX_SHIFTS}
+    matched = dict(compared)
+    rounds, start = 0, first
+    for length, proposals in zip(acceptance_lengths, drafts):
+        rejected = start + length - 1  # where the bonus token replaced the first rejected proposal
+        if length - 1 < len(proposals) and rejected < len(new_ids) and proposals[length - 1] != new_ids[rejected]:
+            suffix = proposals[length:]
+            rounds += bool(suffix)
+            for i, token in enumerate(suffix):
+                for shift in SUFFIX_SHIFTS:
+                    q = rejected + 1 + i + shift
+                    if 0 <= q < len(new_ids):
+                        compared[str(shift)] += 1
+                        matched[str(shift)] += int(new_ids[q] == token)
+        start += length
+    return {"rounds": rounds, "compared": compared, "matched": matched}
+
+
+def merge_suffix_matches(parts: list) -> dict:
+    """Sums `rejected_suffix_matches` results and adds `match_rate` per shift (None where nothing was compared)."""
+    total = {"rounds": 0, "compared": {str(s): 0 for s in SUFFIX_SHIFTS}, "matched": {str(s): 0 for s in SUFFIX_SHIFTS}}
+    for part in parts:
+        total["rounds"] += part["rounds"]
+        for key in ("compared", "matched"):
+            for shift, n in part[key].items():
+                total[key][shift] += n
+    total["match_rate"] = {s: (total["matched"][s] / n if n else None) for s, n in total["compared"].items()}
+    return total

@@ -60,6 +60,13 @@ def format_report(report: dict) -> str:
             f"{n}:{_fmt(f and 100 * f, '.1f')}" for n, f in zip(hist["lengths"], hist["fractions"]) if f))
         rates = spec["per_slot"]["rate"]
         lines.append(f"per-slot acceptance ({name}, slot 1..K): " + " ".join(_fmt(r, ".2f") for r in rates))
+        suffix = spec.get("rejected_suffix")
+        if suffix and suffix["rounds"]:
+            rate = suffix["match_rate"]
+            lines.append(f"rejected suffixes ({name}, {suffix['rounds']} rounds): equal to the target's token at the "
+                         f"same position {_fmt(rate['0'], '.1%')}, one earlier {_fmt(rate['-1'], '.1%')}, one later "
+                         f"{_fmt(rate['1'], '.1%')}; ReTrace memory in {_fmt(spec['memory_rounds_share'], '.0%')} of "
+                         f"rounds, {_fmt(spec['memory_slots_mean'], '.2f')} slots per round")
     for key, ratio in summary.get("tau_ratios", {}).items():
         lines.append(f"τ ratio {key}: {_fmt(ratio, '.3f')} (pooled τ of the main drafter over the compared one)")
     for label, name in config.get("compare", {}).items():
