@@ -202,15 +202,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     target.eval().to(accelerator.device)
     save_dtype = getattr(torch, cfg.save_dtype) if cfg.save_dtype else next(target.parameters()).dtype
     eos_ids = eos_token_ids(target, tokenizer)  # the same set regenerate cuts at; a row's own end token first
-    if cfg.features:  # stored rows: features and the target's labels computed once (`dflash-retrace features`)
-        examples = StoredRows(FeatureStore(cfg.features))
-    else:
-        examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
-                                 eos_ids)
-    if cfg.eval_features:  # a held-out store: a split fixed once, whatever the training store grows into
-        train_examples, held_out = list(examples), held_out_rows(examples.store, cfg.eval_features, cfg.eval_size)
-    else:
-        train_examples, held_out = split_held_out(examples, cfg.eval_size, cfg.seed)
+    examples, train_examples, held_out = _examples(cfg, data, tokenizer, eos_ids)
 
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
@@ -257,6 +249,19 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     accelerator.end_training()
     model.train_summary = summary
     return model
+
+
+def _examples(cfg, data, tokenizer, eos_ids) -> tuple:
+    """(all examples, training split, held-out split): tokenized rows, or a feature store's rows (`cfg.features`:
+    features and the target's labels computed once by `dflash-retrace features`)."""
+    if cfg.features:
+        examples = StoredRows(FeatureStore(cfg.features))
+    else:
+        examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
+                                 eos_ids)
+    if cfg.eval_features:  # a held-out store: a split fixed once, whatever the training store grows into
+        return examples, list(examples), held_out_rows(examples.store, cfg.eval_features, cfg.eval_size)
+    return (examples, *split_held_out(examples, cfg.eval_size, cfg.seed))
 
 
 def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids) -> dict:
