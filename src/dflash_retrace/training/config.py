@@ -97,6 +97,10 @@ class TrainConfig:
     loss: str = option("dflash", "slot weights: dflash (decay from slot 1) or vat (verification-aware: full weight "
                                  "up to each block's first would-be rejection under the drafter's own argmax, decay "
                                  "from there); held-out loss is always the dflash one", choices=list(LOSSES))
+    distill: float = option(0.0, "weight w of the target's own distribution in each slot's loss: (1-w)*CE(label) + "
+                                 "w*CE(softmax of the target's stored top-k logits, over those inside the draft "
+                                 "vocabulary); needs a --features store built with --top-k; 0: labels only; held-out "
+                                 "loss stays the label CE")
     mixed_precision: str = option("no", "accelerate autocast (fp32 master weights either way)",
                                   choices=["no", "bf16", "fp16"])
     attention: str = option("auto", "block rule: dense bool mask (any device), local (the same rule computed per "
@@ -135,6 +139,11 @@ class TrainConfig:
         if self.fusion_layer_ids is not None and self.fusion != "layerwise":
             raise ValueError("fusion_layer_ids (--fusion-layer-ids) sets the target layers mixed by layer-wise fusion: "
                              "add fusion='layerwise' (--fusion layerwise).")
+        if not 0.0 <= self.distill <= 1.0:
+            raise ValueError(f"distill (--distill) is a weight in [0, 1], got {self.distill}.")
+        if self.distill and not self.features:
+            raise ValueError("distill (--distill) reads the target's top-k logits from a feature store: add --features "
+                             "STORE (built with `dflash-retrace features --top-k K`).")
         if self.eval_features and not self.features:
             raise ValueError("eval_features (--eval-features) is the held-out store of a --features run: add --features "
                              "STORE, or hold rows out of --data with --eval-size.")

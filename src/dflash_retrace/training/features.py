@@ -330,3 +330,22 @@ def held_out_rows(train_store: FeatureStore, path, eval_size: float = 0) -> list
                          "trained on. Rebuild one of the stores without them.")
     count = min(len(held), 256, int(eval_size) if eval_size >= 1 else len(held))
     return [StoredRef(held, i) for i in range(count)]
+
+
+def stored_soft_targets(items, width: int, device) -> tuple:
+    """The target's stored top-k (ids (b, width, k), logits (b, width, k) float) of a micro-batch, aligned to label
+    positions as `labels` are: position j gets the top-k the target gave after j-1 tokens (the store keeps them
+    at j-1). Position 0 and padding get logits -inf (no soft target)."""
+    store = items[0][1].store
+    if not store.manifest["top_k"]:
+        raise ValueError(f"The feature store {store.path} holds no top-k logits, which distillation (--distill) reads: "
+                         "rebuild it with `dflash-retrace features --top-k 16` (or train with --distill 0).")
+    k = store.manifest["top_k"]
+    ids = torch.zeros(len(items), width, k, dtype=torch.long)
+    logits = torch.full((len(items), width, k), float("-inf"))
+    for i, (_, ref) in enumerate(items):
+        row_ids = torch.from_numpy(ref.store.field(ref.index, "topk_ids")).long()
+        n = row_ids.shape[0]
+        ids[i, 1:n] = row_ids[: n - 1]
+        logits[i, 1:n] = torch.from_numpy(ref.store.field(ref.index, "topk_logits")[: n - 1]).float()
+    return ids.to(device), logits.to(device)

@@ -49,7 +49,7 @@ from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import evaluate_slots, held_out_metrics
-from .features import FeatureStore, StoredRows, held_out_rows, stored_features
+from .features import FeatureStore, StoredRows, held_out_rows, stored_features, stored_soft_targets
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
@@ -422,10 +422,12 @@ class _Stepper:
                 if memory is not None:  # recorded by the rollout: constants, no gradient through verification
                     memory = ReTraceMemory(*(t.to(device) for t in
                                              (memory.drafter_states, memory.target_states, memory.valid)))
-                vocab, label_ids, kv = self.vocab, None, None
+                vocab, label_ids, kv, soft = self.vocab, None, None, None
                 with acc.autocast():
                     if cfg.features:
                         features, label_ids = stored_features(items, input_ids.shape[1], device)
+                        if cfg.distill:
+                            soft = stored_soft_targets(items, input_ids.shape[1], device)
                         label_ids = None if cfg.labels == "data" else label_ids
                         if self.kv_layer_ids is not None:
                             kv = stored_target_kv(self.target, items, input_ids.shape[1], self.kv_layer_ids)
@@ -443,7 +445,7 @@ class _Stepper:
                                                 gamma=cfg.gamma, features=features, retrace_memory=memory,
                                                 attention=self.attention, vocab=vocab, label_ids=label_ids,
                                                 chain=cfg.labels == "target-chain", loss=cfg.loss,
-                                                target_kv=kv)
+                                                target_kv=kv, soft_targets=soft, distill=cfg.distill)
                 acc.backward(loss)
                 if acc.sync_gradients and cfg.max_grad_norm:
                     acc.clip_grad_norm_(self.params, cfg.max_grad_norm)

@@ -267,9 +267,19 @@ def block_hidden_states(drafter, target, input_ids, loss_mask, anchors, features
     return hidden, labels, label_valid
 
 
-def _ce_and_argmax(hidden, labels, core, lm_head):
+def _ce_and_argmax(hidden, labels, core, lm_head, soft_ids=None, soft_logits=None, distill=0.0):
+    """Per-slot CE and argmax; with soft targets (ids in the head's own index, -1 outside it; logits -inf where
+    there is none), (1 - distill) * CE(label) + distill * CE(softmax of the soft logits over the ids inside)."""
     logits = core.compute_draft_logits(hidden, lm_head).float()  # (n, V) or (n, draft vocabulary)
-    return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    if soft_ids is not None and distill:
+        soft_logits = soft_logits.masked_fill(soft_ids < 0, float("-inf"))
+        teacher = torch.softmax(soft_logits, dim=-1).nan_to_num(0.0)  # a slot with no soft target: all zeros
+        logp = torch.log_softmax(logits, dim=-1).gather(1, soft_ids.clamp_min(0))
+        soft = -(teacher * logp).sum(-1)
+        has_soft = teacher.sum(-1) > 0
+        ce = torch.where(has_soft, (1 - distill) * ce + distill * soft, ce)
+    return ce, logits.argmax(-1)
 
 
 def greedy_chain_mask(input_ids, label_ids, anchors, block_size) -> torch.Tensor:
@@ -316,7 +326,7 @@ def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
 
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
                       attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False,
-                      loss="dflash", target_kv=None):
+                      loss="dflash", target_kv=None, soft_targets=None, distill=0.0):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
 
@@ -327,7 +337,9 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     the LM head then costs len(vocab)/V of the full one. None: the full vocabulary. `label_ids`: per-position
     labels (`target_labels`) instead of the tokens themselves; with `chain`, only slots on the target's greedy chain
     (`greedy_chain_mask`) are supervised. `target_kv`: see `block_hidden_states`. A drafter with a draft vocabulary (`draft_to_target`) is trained over
-    it: labels outside it are not in the loss and count as misses.
+    it: labels outside it are not in the loss and count as misses. `soft_targets`: (ids, logits), each (b, T, k),
+    the target's top-k at each label position (`features.stored_soft_targets`); each slot's CE is then
+    (1 - distill) * CE(label) + distill * CE(their softmax over the ids inside the head's vocabulary).
 
     Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
     The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
@@ -349,6 +361,9 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         anc2d = anchors if anchors.dim() == 2 else anchors[None]
         label_valid = label_valid & greedy_chain_mask(ids2d.to(device), lab2d, anc2d.to(device), B)
     slot = torch.arange(B, device=device).repeat(hidden.shape[1] // B).expand_as(label_valid)[label_valid]  # (n,)
+    soft_ids = soft_logits = None
+    if soft_targets is not None and distill:
+        soft_ids, soft_logits = _slot_soft_targets(soft_targets, anchors, B, label_valid)
     hidden, labels = hidden[label_valid], labels[label_valid]  # (n, H), (n,)
     lm_head = target.get_output_embeddings()
     draft = core.draft_to_target
@@ -363,6 +378,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         position = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
         position[vocab] = torch.arange(vocab.numel(), device=device)
         labels_full, labels = labels, position[labels]
+        if soft_ids is not None:
+            soft_ids = position[soft_ids]  # -1 outside the vocabulary: no weight
         if draft is not None:  # outside the draft vocabulary: not in the loss, a miss
             inside = labels >= 0
             labels = labels.clamp_min(0)
@@ -371,16 +388,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
                              "(`vocab_rows`).")
         else:
             lm_head = _RowsHead(lm_head, vocab)
-    ce_parts, pred_parts = [], []
-    for start in range(0, max(1, hidden.shape[0]), logits_chunk):
-        h, y = hidden[start : start + logits_chunk], labels[start : start + logits_chunk]
-        if hidden.shape[0] > logits_chunk and torch.is_grad_enabled():
-            ce, pred = checkpoint(_ce_and_argmax, h, y, core, lm_head, use_reentrant=False)
-        else:
-            ce, pred = _ce_and_argmax(h, y, core, lm_head)
-        ce_parts.append(ce)
-        pred_parts.append(pred)
-    ce, pred = torch.cat(ce_parts), torch.cat(pred_parts)
+    soft = None if soft_ids is None else (soft_ids, soft_logits, distill)
+    ce, pred = _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft)
     if vocab is not None:
         pred, labels = vocab[pred], labels_full
     correct = (pred == labels).float()
@@ -393,6 +402,38 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         w = w * inside
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
     return loss, _slot_stats(correct, hits, label_valid, slot, B)
+
+
+def _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft=None) -> tuple:
+    """(per-slot CE, argmax) through the LM head in chunks of `logits_chunk` slots, each recomputed in backward, so
+    the (slots, vocab) logits never all live at once. `soft`: (ids, logits, distill) for `_ce_and_argmax`."""
+    ce_parts, pred_parts = [], []
+    for start in range(0, max(1, hidden.shape[0]), logits_chunk):
+        part = slice(start, start + logits_chunk)
+        extra = () if soft is None else (soft[0][part], soft[1][part], soft[2])
+        if hidden.shape[0] > logits_chunk and torch.is_grad_enabled():
+            ce, pred = checkpoint(_ce_and_argmax, hidden[part], labels[part], core, lm_head, *extra,
+                                  use_reentrant=False)
+        else:
+            ce, pred = _ce_and_argmax(hidden[part], labels[part], core, lm_head, *extra)
+        ce_parts.append(ce)
+        pred_parts.append(pred)
+    return torch.cat(ce_parts), torch.cat(pred_parts)
+
+
+def _slot_soft_targets(soft_targets, anchors, B, label_valid) -> tuple:
+    """(ids (n, k), logits (n, k)) of the supervised slots, gathered at their label positions as `block_inputs`
+    gathers labels."""
+    ids, logits = soft_targets
+    if ids.dim() == 2:
+        ids, logits = ids[None], logits[None]
+    anchors = anchors if anchors.dim() == 2 else anchors[None]
+    device = label_valid.device
+    T, k = ids.shape[1], ids.shape[2]
+    positions = (anchors.to(device).clamp_min(0)[:, :, None] + torch.arange(B, device=device)).reshape(len(ids), -1)
+    index = positions.clamp_max(T - 1)[..., None].expand(-1, -1, k)
+    ids, logits = ids.to(device).gather(1, index), logits.to(device).gather(1, index)
+    return ids[label_valid], logits[label_valid]
 
 
 def _slot_stats(correct, hits, label_valid, slot, B) -> dict:
