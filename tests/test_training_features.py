@@ -132,3 +132,31 @@ def test_eval_features_sharing_a_row_or_built_otherwise_is_an_error(target, stor
         train_drafter(target, None, None, tmp_path / "b", _config(store_dir, max_steps=1, eval_features=str(layers)))
     with pytest.raises(ValueError, match="add --features"):
         TrainConfig(eval_features=str(layers)).resolved()
+
+
+def test_eval_held_out_example_reproduces_the_trainers_held_out_figures(target, store, tmp_path):
+    """examples/eval_held_out.py scores any drafter on a held-out store exactly as `train --eval-features` does."""
+    import importlib.util
+    from pathlib import Path
+
+    from tiny import tiny_tokenizer
+
+    store_dir, _ = store
+    held = _held_store(target, continuations(target, prompts(3, seed=21), NEW), tmp_path / "held", ["a", "b", "c"])
+    cfg = _config(store_dir, max_steps=5, eval_features=str(held), eval_prompts=2, eval_max_new_tokens=8)
+    train_drafter(target, None, None, tmp_path / "out", cfg)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tmp_path / "target")
+    path = Path(__file__).resolve().parents[1] / "examples" / "eval_held_out.py"
+    spec = importlib.util.spec_from_file_location("eval_held_out", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = module.main(["--target", str(tmp_path / "target"), "--store", str(held), "--drafter",
+                          f"run={tmp_path / 'out'}", "--prompts", "2", "--max-new-tokens", "8", "--max-anchors", "16",
+                          "--output", str(tmp_path / "h.json")])
+    got = report["drafters"]["run"]
+    assert got["held_out_loss"] == pytest.approx(summary["held_out_loss"], rel=1e-5)
+    assert got["held_out_tau_estimate"] == pytest.approx(summary["held_out_tau_estimate"], rel=1e-6)
+    assert got["held_out_tau"] == summary["held_out_tau"]
+    assert json.loads((tmp_path / "h.json").read_text())["rows"] == 3
