@@ -71,6 +71,18 @@ def continuations(target, prompt_list, new_tokens: int = 48):
     return rows
 
 
+def greedy_tau(target, drafter, rows, new_tokens: int) -> float:
+    """τ pooled over the prompts of `rows` (continuations), each output asserted equal to plain greedy generate()."""
+    lengths = []
+    for ids, mask in rows:
+        prompt = ids[~mask][None]
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=new_tokens)
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=new_tokens)
+        assert torch.equal(ref, out)
+        lengths += drafter.last_stats.acceptance_lengths
+    return sum(lengths) / len(lengths)
+
+
 def train_drafter(target, rows, steps=300, block_size=8, layers=2, lr=3e-3, seed=0, retrace=False, drafter=None):
     torch.manual_seed(seed)
     drafter = drafter or DFlashDrafter.from_target(target, num_hidden_layers=layers, block_size=block_size, retrace=retrace)
