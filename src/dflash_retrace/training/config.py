@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..config_cli import comma_ints, option
 from ..configuration_dflash import DEFAULT_BLOCK_SIZE, FUSIONS
+from .init_layers import INIT_LAYERS
 from .objective import LOSSES
 
 __all__ = ["LORA_TARGETS", "STAGE_DEFAULTS", "TrainConfig"]
@@ -42,6 +43,9 @@ class TrainConfig:
     target_layer_ids: list | None = option(None, "fresh drafter: comma-separated target layer ids (overrides "
                                                  "--num-target-features)", type=comma_ints)
     mask_token_id: int | None = option(None, "fresh drafter: MASK token id (default: the last embedding row)")
+    init_layers: str = option("random", "fresh drafter: random, or target-top (its decoder layers start as copies "
+                                        "of the target's last layers, its final norm as the target's)",
+                              choices=list(INIT_LAYERS))
     step_embeddings: bool = option(False, "add PAD-Rec step-position embeddings (zero-initialised, so an --init "
                                           "DFlash drafter starts unchanged) and train them with the drafter")
     context: str | None = option(None, "what the drafter's layers attend to (KVShot): hidden (DFlash), kv (the "
@@ -144,6 +148,9 @@ class TrainConfig:
         if self.distill and not self.features:
             raise ValueError("distill (--distill) reads the target's top-k logits from a feature store: add --features "
                              "STORE (built with `dflash-retrace features --top-k K`).")
+        if self.init_layers != "random" and (self.init is not None or self.stage != "dflash"):
+            raise ValueError("init_layers (--init-layers) initialises a fresh drafter; an --init drafter keeps its "
+                             "weights: drop one of them.")
         if self.eval_features and not self.features:
             raise ValueError("eval_features (--eval-features) is the held-out store of a --features run: add --features "
                              "STORE, or hold rows out of --data with --eval-size.")

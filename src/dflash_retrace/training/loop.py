@@ -50,6 +50,7 @@ from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import evaluate_slots, held_out_metrics
 from .features import FeatureStore, StoredRows, held_out_rows, stored_features, stored_soft_targets
+from .init_layers import copy_target_layers
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
@@ -115,6 +116,10 @@ def _build_drafter(target, cfg, drafter):
             target_layer_ids=cfg.target_layer_ids, context=cfg.context or "hidden", kv_layer_ids=cfg.kv_layer_ids,
             fusion=cfg.fusion or "fc", fusion_layer_ids=cfg.fusion_layer_ids,
         )
+        if cfg.init_layers == "target-top":
+            done = copy_target_layers(drafter, target)
+            print(f"[train] drafter layers from target layers {done['target_layers']} ({done['copied']} tensors; "
+                  f"as initialised: {', '.join(done['kept']) or 'none'})")
     elif cfg.block_size is not None and cfg.block_size != drafter.config.block_size:
         check_block_size(cfg.block_size)
         if drafter.steps is not None:
