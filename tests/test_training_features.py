@@ -153,3 +153,23 @@ def test_eval_held_out_example_reproduces_the_trainers_held_out_figures(target, 
     assert got["held_out_tau_estimate"] == pytest.approx(summary["held_out_tau_estimate"], rel=1e-6)
     assert got["held_out_tau"] == summary["held_out_tau"]
     assert json.loads((tmp_path / "h.json").read_text())["rows"] == 3
+
+
+def test_plot_training_chains_continued_runs(tmp_path):
+    """examples/plot_training.py --chain puts a continued run's tokens after its parent's last count."""
+    import importlib.util
+    from pathlib import Path
+
+    for name, rows in {"a": [(10, 100, 1.5), (20, 200, 1.7)], "b": [(10, 50, 1.8), (20, 120, None)]}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train_log.jsonl").write_text("".join(
+            json.dumps({"step": s, "loss": 1.0, "slot_tokens": t,
+                        **({} if tau is None else {"held_out_tau_estimate": tau})}) + "\n" for s, t, tau in rows))
+    path = Path(__file__).resolve().parents[1] / "examples" / "plot_training.py"
+    spec = importlib.util.spec_from_file_location("plot_training", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    chained = module.load_runs(runs, chain=True)
+    assert [[r["slot_tokens"] for r in log] for _, log in chained] == [[100, 200], [250, 320]]
+    assert [[r["slot_tokens"] for r in log] for _, log in module.load_runs(runs)] == [[100, 200], [50, 120]]
