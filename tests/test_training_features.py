@@ -127,6 +127,29 @@ def test_eval_features_sharing_a_row_or_built_otherwise_is_an_error(target, stor
         TrainConfig(eval_features=str(layers)).resolved()
 
 
+def test_several_stores_train_as_the_one_store_holding_their_rows(target, store, tmp_path):
+    _, rows = store
+    names = [f"r{i}" for i in range(8)]  # the module store's rows, split into two stores in the same order
+    first = _held_store(target, rows[:3], tmp_path / "first", names[:3])
+    second = _held_store(target, rows[3:], tmp_path / "second", names[3:])
+    whole = _held_store(target, rows, tmp_path / "whole", names)
+    split = train_drafter(target, None, None, tmp_path / "split", _config(f"{first},{second}", max_steps=6))
+    one = train_drafter(target, None, None, tmp_path / "one", _config(whole, max_steps=6))
+    assert split.train_summary["train_sequences"] == 8
+    for (name, a), b in zip(split.state_dict().items(), one.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_several_stores_built_otherwise_or_sharing_a_row_are_an_error(target, store, tmp_path):
+    store_dir, rows = store
+    again = _held_store(target, rows[2:3], tmp_path / "again", ["renamed"])  # a row of store_dir under another id
+    with pytest.raises(ValueError, match=r"1 row\(s\) of the feature store .* are also in an earlier store"):
+        train_drafter(target, None, None, tmp_path / "a", _config(f"{store_dir},{again}", max_steps=1))
+    other = _held_store(target, continuations(target, prompts(1, seed=13), NEW), tmp_path / "other", ["y"], [1, 3])
+    with pytest.raises(ValueError, match=r"feature store .*other was not built like the training store.*layer_ids"):
+        train_drafter(target, None, None, tmp_path / "b", _config(f"{store_dir},{other}", max_steps=1))
+
+
 def test_eval_held_out_example_reproduces_the_trainers_held_out_figures(target, store, tmp_path):
     """examples/eval_held_out.py scores any drafter on a held-out store exactly as `train --eval-features` does."""
     import importlib.util

@@ -64,12 +64,13 @@ class TrainConfig:
     fusion_layer_ids: list | None = option(None, "layerwise fusion: comma-separated target layers to mix (default: "
                                                  "every ceil(L/9)-th layer, the last included)", type=comma_ints)
     # Data.
-    features: str | None = option(None, "feature store folder (`dflash-retrace features`): train from it without "
-                                        "running the target's layers (its embedding and LM head only); --data is "
-                                        "then not read")
+    features: str | None = option(None, "feature store folder (`dflash-retrace features`), or several "
+                                        "comma-separated (built with the same options, no row in two): train from "
+                                        "them without running the target's layers (its embedding and LM head "
+                                        "only); --data is then not read")
     eval_features: str | None = option(None, "a second feature store that is the held-out set (every row, at most "
-                                             "256; --eval-size >= 1 caps the count): the --features store is then "
-                                             "trained on whole, and a row in both stores is an error")
+                                             "256; --eval-size >= 1 caps the count): the --features store(s) are then "
+                                             "trained on whole, and a row in both is an error")
     max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
     max_anchors: int = option(512, "blocks per sequence (random anchors; ReTrace: replayed rounds)")
     loss_vocab: str = option("full", "softmax of the loss: the full vocabulary, or the tokens of the training "

@@ -284,18 +284,22 @@ class StoredRef:
 
 
 class StoredRows:
-    """The rows of a store as a sequence of `StoredRef`s (what the training loop splits and batches)."""
+    """The rows of one or more stores, in order, as a sequence of `StoredRef`s (what the training loop splits and
+    batches). Several stores must be built alike and share no row (`open_stores` checks both)."""
 
-    def __init__(self, store: FeatureStore):
-        self.store = store
+    def __init__(self, stores):
+        self.stores = [stores] if isinstance(stores, FeatureStore) else list(stores)
+        self._ends = np.cumsum([len(s) for s in self.stores]).tolist()
 
     def __len__(self) -> int:
-        return len(self.store)
+        return self._ends[-1] if self._ends else 0
 
     def __getitem__(self, i: int) -> StoredRef:
         if not -len(self) <= i < len(self):
             raise IndexError(i)
-        return StoredRef(self.store, i % len(self))
+        i %= len(self)
+        k = int(np.searchsorted(self._ends, i, side="right"))
+        return StoredRef(self.stores[k], i - (self._ends[k - 1] if k else 0))
 
 
 def stored_features(items, width: int, device) -> tuple:
@@ -309,25 +313,54 @@ def stored_features(items, width: int, device) -> tuple:
     return features.to(device), labels.to(device)
 
 
-def held_out_rows(train_store: FeatureStore, path, eval_size: float = 0) -> list:
-    """The rows of the store at `path` as a held-out set for a run on `train_store` (every row, at most 256;
-    `eval_size` >= 1 caps the count). Both stores must come from the same target, tokenizer, prompt rendering and
-    layers, and share no row: a held-out row the run also trains on would make every held-out figure optimistic."""
-    held = FeatureStore(path)
-    keys = ("layer_ids", "hidden_size", "tokenizer", "chat_template", "enable_thinking", "target_dtype")
-    differ = {k: (train_store.manifest.get(k), held.manifest.get(k)) for k in keys
-              if train_store.manifest.get(k) != held.manifest.get(k)}
+_BUILD_KEYS = ("layer_ids", "hidden_size", "tokenizer", "chat_template", "enable_thinking", "target_dtype")
+
+
+def _check_built_alike(train_store: FeatureStore, other: FeatureStore, role: str, keys=_BUILD_KEYS) -> None:
+    differ = {k: (train_store.manifest.get(k), other.manifest.get(k)) for k in keys
+              if train_store.manifest.get(k) != other.manifest.get(k)}
     if differ:
-        raise ValueError(f"The held-out store {held.path} was not built like the training store {train_store.path}: "
+        raise ValueError(f"The {role} {other.path} was not built like the training store {train_store.path}: "
                          + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in differ.items())
                          + ". Build it with the same `dflash-retrace features` options.")
-    train_hashes = {row["sha256"] for row in train_store.rows}
-    train_ids = {row["id"] for row in train_store.rows}
-    shared = [row["id"] for row in held.rows if row["sha256"] in train_hashes or row["id"] in train_ids]
+
+
+def _shared_rows(stores, other: FeatureStore) -> list:
+    """Ids of the rows of `other` that some store of `stores` also holds (same id or same token ids)."""
+    hashes = {row["sha256"] for s in stores for row in s.rows}
+    ids = {row["id"] for s in stores for row in s.rows}
+    return [row["id"] for row in other.rows if row["sha256"] in hashes or row["id"] in ids]
+
+
+def open_stores(spec: str) -> list:
+    """The feature stores of `spec`, one folder or several comma-separated (trained on as one, in order): built
+    alike (same target, tokenizer, rendering, layers and top-k) and sharing no row, else a clear error."""
+    stores = [FeatureStore(path.strip()) for path in str(spec).split(",") if path.strip()]
+    if not stores:
+        raise ValueError(f"No feature store folder in {spec!r}: give one, or several comma-separated.")
+    for k, store in enumerate(stores[1:], start=1):
+        _check_built_alike(stores[0], store, "feature store", _BUILD_KEYS + ("top_k",))
+        shared = _shared_rows(stores[:k], store)
+        if shared:
+            raise ValueError(f"{len(shared)} row(s) of the feature store {store.path} are also in an earlier store of "
+                             f"{spec!r} (ids {shared[:5]}): each row would be trained on twice. Drop that store, or "
+                             "rebuild it without those rows.")
+    return stores
+
+
+def held_out_rows(train_stores, path, eval_size: float = 0) -> list:
+    """The rows of the store at `path` as a held-out set for a run on `train_stores` (one `FeatureStore` or a
+    list; every row, at most 256; `eval_size` >= 1 caps the count). It must come from the same target, tokenizer,
+    prompt rendering and layers, and share no row with them: a held-out row the run also trains on would make
+    every held-out figure optimistic."""
+    train_stores = [train_stores] if isinstance(train_stores, FeatureStore) else list(train_stores)
+    held = FeatureStore(path)
+    _check_built_alike(train_stores[0], held, "held-out store")
+    shared = _shared_rows(train_stores, held)
     if shared:
-        raise ValueError(f"{len(shared)} held-out row(s) of {held.path} are also in the training store "
-                         f"{train_store.path} (ids {shared[:5]}): a held-out split must be disjoint from the rows "
-                         "trained on. Rebuild one of the stores without them.")
+        raise ValueError(f"{len(shared)} held-out row(s) of {held.path} are also in the training store(s) "
+                         f"{', '.join(str(s.path) for s in train_stores)} (ids {shared[:5]}): a held-out split must "
+                         "be disjoint from the rows trained on. Rebuild one of the stores without them.")
     count = min(len(held), 256, int(eval_size) if eval_size >= 1 else len(held))
     return [StoredRef(held, i) for i in range(count)]
 

@@ -49,7 +49,7 @@ from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import evaluate_slots, held_out_metrics
-from .features import FeatureStore, StoredRows, held_out_rows, stored_features, stored_soft_targets
+from .features import StoredRows, held_out_rows, open_stores, stored_features, stored_soft_targets
 from .init_layers import copy_target_layers
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
@@ -212,7 +212,7 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
     coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
     if cfg.features:
-        for store in {id(s): s for s in [examples.store] + [ref.store for ref in held_out]}.values():
+        for store in {id(s): s for s in examples.stores + [ref.store for ref in held_out]}.values():
             store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
             if drafter_core(model).config.context != "hidden":
                 check_store_kv_layers(store, drafter_core(model).config.kv_layer_ids)
@@ -260,12 +260,12 @@ def _examples(cfg, data, tokenizer, eos_ids) -> tuple:
     """(all examples, training split, held-out split): tokenized rows, or a feature store's rows (`cfg.features`:
     features and the target's labels computed once by `dflash-retrace features`)."""
     if cfg.features:
-        examples = StoredRows(FeatureStore(cfg.features))
+        examples = StoredRows(open_stores(cfg.features))
     else:
         examples = tokenize_rows(load_rows(data), tokenizer, cfg.max_length, cfg.chat_template, cfg.enable_thinking,
                                  eos_ids)
     if cfg.eval_features:  # a held-out store: a split fixed once, whatever the training store grows into
-        return examples, list(examples), held_out_rows(examples.store, cfg.eval_features, cfg.eval_size)
+        return examples, list(examples), held_out_rows(examples.stores, cfg.eval_features, cfg.eval_size)
     return (examples, *split_held_out(examples, cfg.eval_size, cfg.seed))
 
 
