@@ -29,6 +29,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--dtype", default="float32", help="target dtype (default: float32)")
     parser.add_argument("--labels", default="target-chain", choices=["data", "target", "target-chain"])
     parser.add_argument("--max-anchors", type=int, default=256)
+    parser.add_argument("--rows", type=int, help="only the store's first N rows (`train --eval-every` logs the first 32)")
     parser.add_argument("--prompts", type=int, default=8, help="rows whose prompts measure τ with the generator")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
@@ -44,7 +45,7 @@ def main(argv=None) -> dict:
             parser.error(f"--drafter takes NAME=FOLDER, got {spec!r}")
         drafter = load_drafter(folder, target)
         store = FeatureStore(args.store).select_layers(drafter.config.feature_layer_ids)
-        refs = [StoredRef(store, i) for i in range(len(store))]
+        refs = [StoredRef(store, i) for i in range(min(len(store), args.rows or len(store)))]
         with torch.no_grad():
             metrics = held_out_metrics(drafter, target, refs, cfg, "local")
         results[name] = {"drafter": folder, **metrics}
