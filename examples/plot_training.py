@@ -2,6 +2,7 @@
 
     python examples/plot_training.py RUN_DIR [RUN_DIR ...] --output results/training_curve.png
     python examples/plot_training.py RUN_A RUN_B --chain   # RUN_B continued RUN_A (--init): one axis of tokens
+    python examples/plot_training.py RUN --start start.json   # the starting drafter's level (eval_held_out.py --rows 32)
 
 A run logs held-out estimates when trained with `--eval-every N` (teacher-forced τ on blocks of the target's own
 greedy chain, bonus included; slot accuracy on random anchors of up to 32 held-out rows).
@@ -34,6 +35,9 @@ def main(argv=None):
     p.add_argument("--output", default="results/training_curve.png")
     p.add_argument("--chain", action="store_true",
                    help="each run continued the one before (--init): count its tokens after that run's last")
+    p.add_argument("--start", action="append", default=[], metavar="JSON",
+                   help="an examples/eval_held_out.py report on the same held-out rows (e.g. the drafter the runs "
+                        "started from, with --rows 32): each of its drafters drawn as a dashed level")
     args = p.parse_args(argv)
     import matplotlib
 
@@ -48,6 +52,10 @@ def main(argv=None):
         axes[1].plot([r["slot_tokens"] for r in evals], [r["held_out_slot_accuracy"][0] for r in evals], "o-",
                      label=name)
         axes[2].plot([r.get("slot_tokens", r["step"]) for r in log], [r["loss"] for r in log], label=name)
+    for report in args.start:
+        for name, m in json.loads(Path(report).read_text())["drafters"].items():
+            for ax, value in zip(axes, (m["held_out_tau_estimate"], m["held_out_slot_accuracy"][0])):
+                ax.axhline(value, linestyle="--", color="grey", label=f"{name} (eval_held_out)")
     for ax, title in zip(axes, ["held-out τ (teacher-forced estimate)", "held-out slot-1 accuracy", "training loss"]):
         ax.set_title(title)
         ax.set_xlabel("supervised slot-tokens seen" + (" (runs chained)" if args.chain else ""))
