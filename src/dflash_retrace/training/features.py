@@ -348,12 +348,11 @@ def open_stores(spec: str) -> list:
     return stores
 
 
-def held_out_rows(train_stores, path, eval_size: float = 0) -> list:
-    """The rows of the store at `path` as a held-out set for a run on `train_stores` (one `FeatureStore` or a
-    list; every row, at most 256; `eval_size` >= 1 caps the count). It must come from the same target, tokenizer,
+def held_out_rows(train_stores: list, path, eval_size: float = 0) -> list:
+    """The rows of the store at `path` as a held-out set for a run on `train_stores` (`open_stores`; every row, at
+    most 256; `eval_size` >= 1 caps the count). It must come from the same target, tokenizer,
     prompt rendering and layers, and share no row with them: a held-out row the run also trains on would make
     every held-out figure optimistic."""
-    train_stores = [train_stores] if isinstance(train_stores, FeatureStore) else list(train_stores)
     held = FeatureStore(path)
     _check_built_alike(train_stores[0], held, "held-out store")
     shared = _shared_rows(train_stores, held)
