@@ -62,8 +62,12 @@ def test_per_slot_rate_is_accepted_over_proposed():
 def test_round_logs_are_validated():
     with pytest.raises(ValueError, match="acceptance length 4 outside 1..3"):
         per_slot_acceptance([[4]], [[2]], block_size=4)  # 2 proposals + bonus = at most 3
-    with pytest.raises(ValueError, match="outside 1..3"):
-        per_slot_acceptance([[1]], [[0]], block_size=4)
+    with pytest.raises(ValueError, match="4 proposals, outside 0..3"):
+        per_slot_acceptance([[1]], [[4]], block_size=4)
+    # a round whose proposals were all cut commits the target's one token, and proposes no slot
+    assert per_slot_acceptance([[1, 2]], [[0, 1]], block_size=4)["proposed"] == [1, 0, 0]
+    with pytest.raises(ValueError, match="acceptance length 2 outside 1..1"):
+        per_slot_acceptance([[2]], [[0]], block_size=4)
     with pytest.raises(ValueError, match="2 acceptance lengths but 1"):
         summarize_rounds([[1, 1]], [[3]], block_size=4)
 
@@ -311,6 +315,23 @@ def test_compared_drafters_and_memory_ablation_share_one_plain_run(tiny_assets, 
                       max_samples=1, max_new_tokens=4, device="cpu", dtype="float32", output=None, progress=False, no_memory=True)
 
 
+def test_bench_max_proposals_and_threshold_apply_to_the_main_drafter(tiny_assets, tmp_path, capsys):
+    """--max-proposals / --proposal-threshold shorten the main drafter's rounds; a --compare drafter keeps its own."""
+    out = tmp_path / "short.json"
+    code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", str(tiny_assets / "drafter"),
+                     "--compare", f"full={tiny_assets / 'drafter'}", "--max-proposals", "2", "--proposal-threshold",
+                     "0.01", "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-new-tokens", "16", "--device",
+                     "cpu", "--dtype", "float32", "--output", str(out), "--save-outputs", "--no-progress"])
+    capsys.readouterr()
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["max_proposals"] == 2 and report["config"]["proposal_threshold"] == 0.01
+    _check_token_counts(report, 16)  # lossless: both methods against the one plain run
+    short = [k for r in report["prompts"] for k in r["methods"]["speculative"]["num_proposals"]]
+    full = [k for r in report["prompts"] for k in r["methods"]["speculative:full"]["num_proposals"]]
+    assert max(short) == 2 and max(full) > 2, (short, full)
+
+
 def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, monkeypatch):
     """CLI path; `untrained` prints its note; an error on one prompt is reported, not fatal (exit code 1)."""
     from dflash_retrace.evaluation import methods
@@ -328,7 +349,7 @@ def test_cli_untrained_drafter_and_error_rows(tiny_assets, tmp_path, capsys, mon
     out = tmp_path / "r.json"
     code = cli_main(["bench", "--target", str(tiny_assets / "target"), "--drafter", "untrained",
                      "--dataset", str(tiny_assets / "prompts.jsonl"), "--max-samples", "3", "--max-new-tokens", "8",
-                     "--device", "cpu", "--dtype", "float32", "--output", str(out), "--no-progress"])
+                     "--device", "cpu", "--dtype", "float32", "--output", str(out), "--save-outputs", "--no-progress"])
     captured = capsys.readouterr()
     assert code == 1
     assert "tau ~ 1" in captured.err  # the untrained drafter's note

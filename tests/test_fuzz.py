@@ -51,8 +51,15 @@ def _random_drafter(rng, target):
         for name, param in drafter.named_parameters():
             if name.startswith(("retrace.", "fusion.", "steps.")) or ".self_attn.kv." in name:
                 param.normal_(0.0, 0.5)
+    # Shorter rounds (a cap, or a threshold around this untrained drafter's flat confidences of ~1/vocab).
+    if block_size > 2 and rng.random() < 0.25:
+        drafter.config.max_proposals = rng.randint(1, block_size - 2)
+    if rng.random() < 0.25:
+        drafter.config.proposal_threshold = rng.choice([0.005, 0.01, 0.02, 0.05])
     options = [retrace and "retrace", context != "hidden" and context, fusion != "fc" and fusion,
-               variants["step_embeddings"] and "steps"]
+               variants["step_embeddings"] and "steps", drafter.config.max_proposals and
+               f"max{drafter.config.max_proposals}", drafter.config.proposal_threshold and
+               f"thr{drafter.config.proposal_threshold}"]
     return drafter, f"B{block_size}/{layers}L" + "".join(f"/{o}" for o in options if o)
 
 

@@ -124,3 +124,32 @@ def test_wrong_q_is_detected(peaky_target, peaky_drafter, floors, monkeypatch):
     s, _ = _marginals(peaky_target, 20_000, assistant_model=peaky_drafter, **SETTINGS["t1"])
     print(f"control: TV(wrong q, A)={_tv(s, a):.3f} floor={floor:.3f}")
     assert _tv(s, a) > _bound(floor)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["argmax", "sample"])
+def test_shorter_rounds_sampling_matches_target(peaky_target, peaky_drafter, floors, policy, monkeypatch):
+    """`max_proposals` and `proposal_threshold` only shorten what is verified: the output still follows p."""
+    import copy
+
+    drafter = copy.deepcopy(peaky_drafter)
+    drafter.config.proposal_policy, drafter.config.max_proposals, drafter.config.proposal_threshold = policy, 2, 0.5
+    a, b, floor = floors["t1"]
+    rounds = []  # (proposals kept by the threshold, proposals offered)
+    original = DFlashCandidateGenerator._confident_prefix
+
+    def record(self, probs, drafts):
+        kept = original(self, probs, drafts)
+        rounds.append((kept, drafts.shape[1]))
+        return kept
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "_confident_prefix", record)
+    s, lengths = _marginals(peaky_target, 40_000, assistant_model=drafter, **SETTINGS["t1"])
+    tv_a, tv_b = _tv(s, a), _tv(s, b)
+    cut = sum(kept < offered for kept, offered in rounds) / len(rounds)
+    print(f"shorter rounds {policy}: TV(spec, A)={tv_a:.3f} TV(spec, B)={tv_b:.3f} floor={floor:.3f} "
+          f"rounds cut by the threshold {cut:.2f}")
+    assert max(offered for _, offered in rounds) == 2  # the cap (block 4 offers 3 slots)
+    assert 0.05 < cut < 0.95  # the threshold cut some rounds, not all
+    assert max(lengths) > 1
+    assert tv_a < _bound(floor) and tv_b < _bound(floor)

@@ -94,6 +94,20 @@ def check_option(name: str, value) -> None:
                 f"fusion_layer_ids must be a non-empty list of distinct target decoder layer ids (ints >= 0), got "
                 f"{value!r}: e.g. [1, 5, 9, 13] (or None: every ceil(L/9)-th target layer, the last included)."
             )
+    if name == "max_proposals" and value is not None and (
+        isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
+    ):
+        raise ValueError(
+            f"max_proposals must be an int >= 1 (at most block_size - 1) or None for every slot of the block, got "
+            f"{value!r}: e.g. max_proposals=3 verifies at most 3 proposals per round."
+        )
+    if name == "proposal_threshold" and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0
+    ):
+        raise ValueError(
+            f"proposal_threshold must be a number in [0, 1), got {value!r}: a round stops proposing before the first "
+            "slot whose proposal has a drafter probability below it; 0 proposes every slot."
+        )
     if name == "hidden_act" and value not in ACT2FN:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
@@ -136,6 +150,16 @@ class DFlashConfig(PretrainedConfig):
             How proposals are drawn when the target samples: `"argmax"` (a point-mass proposal, exact
             under rejection sampling) or `"sample"` (each slot drawn from its own distribution).
             Greedy decoding always uses argmax.
+        max_proposals (`int`, optional):
+            At most this many proposals per round (1..`block_size - 1`; default: all `block_size - 1`). The
+            drafter still runs the whole block; only the first `max_proposals` go to the target, which costs less
+            to verify where a verify's cost grows with its length (CPUs, fp32). Output is unchanged (lossless).
+        proposal_threshold (`float`, defaults to 0.0):
+            Adaptive block length: a round proposes slots 1, 2, ... and stops before the first slot whose proposal
+            has a probability below this value under the drafter's own distribution (before the target's
+            temperature / top-k / top-p); a round whose first proposal is already unsure proposes nothing and the
+            target takes a plain step. 0 proposes every slot. Verification is unchanged, so greedy and sampled
+            output stay exact.
         context (`str`, defaults to `"hidden"`):
             What the drafter's layers attend to (KVShot, see `kv_dflash`): `"hidden"` the fused target hidden
             states (DFlash), `"kv"` the target's KV cache of `kv_layer_ids` instead, `"hybrid"` both (the KV part
@@ -187,6 +211,8 @@ class DFlashConfig(PretrainedConfig):
         retrace_beta: float = 1.0,
         step_embeddings: bool = False,
         proposal_policy: str = "argmax",
+        max_proposals: int | None = None,
+        proposal_threshold: float = 0.0,
         input_embedding_scale: float | None = None,
         output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
@@ -234,6 +260,8 @@ class DFlashConfig(PretrainedConfig):
         self.retrace_beta = float(retrace_beta)
         self.step_embeddings = step_embeddings
         self.proposal_policy = proposal_policy
+        self.max_proposals = max_proposals
+        self.proposal_threshold = proposal_threshold
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)
         self.final_logit_softcapping = final_logit_softcapping

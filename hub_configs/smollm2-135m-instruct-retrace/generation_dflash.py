@@ -66,10 +66,13 @@ _HIDDEN_STATE_INDEX_LISTS = _version_tuple(transformers.__version__) >= (5, 23, 
 
 @dataclass
 class DFlashStats:
-    """What happened in the last `generate` call, one entry per round (a verification forward with proposals).
+    """What happened in the last `generate` call, one entry per round (a drafter call and the verify after it).
 
     acceptance_lengths: tokens committed by the round, bonus included, after EOS/budget cropping (1..B).
-    num_proposals: proposals verified in the round (K, or fewer when capped by budget or EOS).
+        A round is one drafter call and the target forward after it; a round with no proposal (its first one was
+        cut: unsure under `proposal_threshold`, or a stopping criterion would fire on it) commits 1.
+    num_proposals: proposals verified in the round (K, or fewer when cut by the budget, an EOS, a stopping criterion,
+        `max_proposals` or `proposal_threshold`).
     conditioned_slots: block slots that received ReTrace memory (0 for plain DFlash).
     drafts: the proposed token ids.
     """
@@ -86,7 +89,7 @@ class DFlashStats:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """τ: mean tokens per verification forward with proposals (bonus included); None with no rounds.
+        """τ: mean tokens per round (per target forward after a drafter call, bonus included); None with no rounds.
 
         The first new token comes from the prefill (the target runs alone: no features yet), and a round needs
         room for a proposal and the bonus, so `max_new_tokens` 1 or 2 give no rounds.
@@ -170,6 +173,14 @@ class DFlashCandidateGenerator(CandidateGenerator):
         config = self.drafter.config
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
+        self.max_proposals = getattr(config, "max_proposals", None) or self.block_size - 1
+        if self.max_proposals > self.block_size - 1:
+            raise ValueError(
+                f"max_proposals={self.max_proposals} exceeds the block's {self.block_size - 1} proposal slots "
+                f"(block_size {self.block_size}): set drafter.config.max_proposals to 1..{self.block_size - 1}, or "
+                "None for all of them."
+            )
+        self.proposal_threshold = float(getattr(config, "proposal_threshold", 0.0) or 0.0)
         self.layer_ids = list(config.feature_layer_ids)  # target_layer_ids, then any fusion layers
         self.num_target_layers = target.config.get_text_config().num_hidden_layers
         self.use_retrace = self.drafter.retrace is not None
@@ -241,7 +252,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
             )
         features = self.drafter.context_features(hidden_states, num_new)
         block_len = min(self.block_size, remaining + 1)  # the reference loop's block near the budget
-        num_proposals = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
+        budget = min(self.block_size - 1, remaining - 1)  # every proposal + bonus fits the budget
+        num_proposals = min(budget, self.max_proposals)
         memory, conditioned = (
             self._memory(int(n_last_matches), hidden_states, block_len) if self.use_retrace else (None, 0)
         )
@@ -266,25 +278,39 @@ class DFlashCandidateGenerator(CandidateGenerator):
 
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
         logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
+        probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
         drafts, logits = self._propose(input_ids, logits)
-        draft_list = drafts[0].tolist()  # the one host sync of a round (EOS cut, statistics)
-        cut = len(draft_list)
+        cut = drafts.shape[1]
+        if probs is not None:
+            cut = self._confident_prefix(probs, drafts)
+        draft_list = drafts[0, :cut].tolist()  # the one host sync of a round (cuts, statistics)
         if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
             cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), cut)
         if self.stopping_criteria:
             cut = self._cut_before_stop(input_ids, drafts, cut)
         draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
-        if cut == 0:  # the first proposal would end generation: the target takes one plain step
+        if cut == 0:  # the first proposal would end generation, or is unsure: the target takes one plain step
             self.memory_source = None
+            self._open_round(0, 0, [])  # a round of the drafter with nothing to verify: it commits one token
             return input_ids, None
 
-        capped = num_proposals < self.block_size - 1
+        capped = budget < self.block_size - 1  # near the budget's end the memory stops, as in the reference
         self.memory_source = None if capped or not self.use_retrace else (states, drafts.shape[1])
-        self.stats.num_proposals.append(drafts.shape[1])
+        self._open_round(drafts.shape[1], conditioned, draft_list)
+        return torch.cat([input_ids, drafts], dim=-1), logits
+
+    def _open_round(self, num_proposals, conditioned, draft_list):
+        self.stats.num_proposals.append(num_proposals)
         self.stats.conditioned_slots.append(conditioned)
         self.stats.drafts.append(draft_list)
         self.round_open = True
-        return torch.cat([input_ids, drafts], dim=-1), logits
+
+    def _confident_prefix(self, probs, drafts) -> int:
+        """Proposals to keep under `proposal_threshold`: those before the first slot whose proposal has a drafter
+        probability below it (0 when slot 1 is already unsure: the round is then a plain target step)."""
+        confidence = probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
+        low = (confidence < self.proposal_threshold).nonzero()
+        return int(low[0]) if len(low) else drafts.shape[1]
 
     def _cut_before_stop(self, input_ids, drafts, cut):
         """Proposals to keep so that no stopping criterion fires before the last token a round commits.

@@ -115,6 +115,10 @@ class BenchConfig:
                                   metavar="LABEL=DRAFTER")
     no_memory: bool = option(False, "also run the --drafter with its ReTrace memory switched off (method "
                                     "speculative:no_memory)", flag="--no-memory-ablation")
+    max_proposals: int | None = option(None, "at most this many proposals per round for --drafter (its config's "
+                                             "max_proposals; --compare drafters keep their own)")
+    proposal_threshold: float | None = option(None, "adaptive rounds for --drafter: stop before the first slot "
+                                                    "after the first whose drafter probability is below this")
     enable_thinking: bool = option(False, "thinking on in chat templates that support it")
     save_outputs: bool = option(False, "store every method's token ids in the JSON")
     warmup_tokens: int = option(WARMUP_TOKENS, "new tokens of each untimed warm-up call, per method, on the first prompt")
@@ -364,6 +368,9 @@ def _load(target, drafter, cfg: BenchConfig, tokenizer, notes: list) -> tuple:
     names["drafter"] = os.fspath(drafter) if isinstance(drafter, (str, os.PathLike)) else _name(drafter)
     if isinstance(drafter, (str, os.PathLike)):
         drafter = load_drafter(drafter, target, cfg.seed)
+    for name in ("max_proposals", "proposal_threshold"):  # the main drafter only: --compare keeps its own
+        if getattr(cfg, name) is not None:
+            setattr(drafter.config, name, getattr(cfg, name))
     if names["untrained"]:
         notes.append(UNTRAINED_NOTE)
         print(f"\n{'!' * 100}\nNOTE {UNTRAINED_NOTE}\n{'!' * 100}\n", file=sys.stderr, flush=True)
@@ -430,6 +437,8 @@ def _run_benchmark(target, drafter, cfg: BenchConfig, tokenizer) -> dict:
             "enable_thinking": cfg.enable_thinking, "baselines": cfg.baselines, "methods": method_names,
             "skipped_methods": methods.skipped, "warmup_tokens": cfg.warmup_tokens, "compare": names["compare"],
             "block_sizes": methods.block_sizes,
+            "max_proposals": getattr(drafter.config, "max_proposals", None),  # the main drafter's, as it ran
+            "proposal_threshold": getattr(drafter.config, "proposal_threshold", 0.0),
             "cudnn_sdpa": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
         },
         "environment": environment(device, dtype, cfg.seed),

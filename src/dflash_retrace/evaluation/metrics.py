@@ -29,15 +29,15 @@ __all__ = [
 
 
 def check_rounds(acceptance_lengths: list, num_proposals: list, block_size: int) -> None:
-    """Raises ValueError unless every round satisfies 1 <= proposals <= B-1 and 1 <= length <= proposals+1."""
+    """Raises ValueError unless every round satisfies 0 <= proposals <= B-1 and 1 <= length <= proposals+1."""
     if len(acceptance_lengths) != len(num_proposals):
         raise ValueError(f"{len(acceptance_lengths)} prompts of acceptance lengths but {len(num_proposals)} of proposals")
     for p, (lengths, proposals) in enumerate(zip(acceptance_lengths, num_proposals)):
         if len(lengths) != len(proposals):
             raise ValueError(f"prompt {p}: {len(lengths)} acceptance lengths but {len(proposals)} proposal counts")
         for r, (length, k) in enumerate(zip(lengths, proposals)):
-            if not 1 <= k <= block_size - 1:
-                raise ValueError(f"prompt {p} round {r}: {k} proposals, outside 1..{block_size - 1} (block_size {block_size})")
+            if not 0 <= k <= block_size - 1:  # 0: a round whose proposals were all cut (a plain target step)
+                raise ValueError(f"prompt {p} round {r}: {k} proposals, outside 0..{block_size - 1} (block_size {block_size})")
             if not 1 <= length <= k + 1:
                 raise ValueError(f"prompt {p} round {r}: acceptance length {length} outside 1..{k + 1} ({k} proposals + bonus)")
 
