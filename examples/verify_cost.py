@@ -20,11 +20,11 @@ import torch
 
 import transformers
 
-from dflash_retrace.generation_dflash import DFlashContextCache
+from dflash_retrace.generation_dflash import DFlashContextCache, _version_tuple
 from dflash_retrace.runtime import environment, load_drafter, load_target
 
 # transformers 5.24 renamed the forward's cache argument (`past_key_values` before)
-CACHE_KW = "cache" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 24) else "past_key_values"
+CACHE_KW = "cache" if _version_tuple(transformers.__version__) >= (5, 24, 0) else "past_key_values"
 NEW_CONTEXT = 2  # context positions a drafter call adds to its cache (about one round's commit at τ ~ 2)
 
 

@@ -283,7 +283,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         cut = drafts.shape[1]
         if probs is not None:
             cut = self._confident_prefix(probs, drafts)
-        draft_list = drafts[0, :cut].tolist()  # the one host sync of a round (cuts, statistics)
+        draft_list = drafts[0, :cut].tolist()  # the round's host sync (one more under proposal_threshold)
         if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
             cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), cut)
         if self.stopping_criteria:
@@ -291,7 +291,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
         if cut == 0:  # the first proposal would end generation, or is unsure: the target takes one plain step
             self.memory_source = None
-            self._open_round(0, 0, [])  # a round of the drafter with nothing to verify: it commits one token
+            self._open_round(0, conditioned, [])  # a drafter call with nothing to verify: it commits one token
             return input_ids, None
 
         capped = budget < self.block_size - 1  # near the budget's end the memory stops, as in the reference

@@ -118,7 +118,7 @@ class BenchConfig:
     max_proposals: int | None = option(None, "at most this many proposals per round for --drafter (its config's "
                                              "max_proposals; --compare drafters keep their own)")
     proposal_threshold: float | None = option(None, "adaptive rounds for --drafter: stop before the first slot "
-                                                    "after the first whose drafter probability is below this")
+                                                    "whose drafter probability is below this (slot 1: a plain step)")
     enable_thinking: bool = option(False, "thinking on in chat templates that support it")
     save_outputs: bool = option(False, "store every method's token ids in the JSON")
     warmup_tokens: int = option(WARMUP_TOKENS, "new tokens of each untimed warm-up call, per method, on the first prompt")
