@@ -11,6 +11,11 @@ acceptance, per-slot acceptance and the cost of a round.
         --init checkpoints/smollm2-135m-instruct-dflash-b8-wip --out results/ablation --steps 200 \\
         --datasets humaneval:164,mt-bench:80,gsm8k:128 --temperatures 0,1 --max-new-tokens 64
 
+`--replay`: the T=0 cells come from `dflash-retrace replay` instead of `bench` (the exact rounds greedy generation
+records, from one target forward per turn and each drafter's own forwards; no verify, so ~10x cheaper per variant on
+a CPU, which is what makes the full sets fit; no speedup column, the drafter's cost per round instead). Plain
+generate() outputs are cached in OUT/references.jsonl and shared by every set and rerun.
+
 Resumable: a variant whose folder has `summary.json` is not retrained, a bench JSON that exists is not rerun.
 Writes OUT/ablation.json (every figure) and OUT/ablation.png (τ ratios with intervals; per-slot acceptance), and
 prints a Markdown table.
@@ -71,17 +76,46 @@ def train(args, name, flags, out):
     return folder
 
 
-def bench(args, folders, dataset, count, temperature, out):
-    path = out / f"bench-{dataset}-T{temperature:g}.json"
+def measure(args, command, folders, dataset, count, path, extra):
+    """One `bench` or `replay` run of every variant's drafter (DFlash as --drafter, the rest --compare) on a set."""
     if path.exists():
         return path
     compare = [x for name, folder in folders.items() if name != "dflash" for x in ("--compare", f"{name}={folder}")]
-    cmd = [args.cli, "bench", "--target", args.target, "--drafter", str(folders["dflash"]), *compare,
+    cmd = [args.cli, command, "--target", args.target, "--drafter", str(folders["dflash"]), *compare,
            "--dataset", dataset, "--max-samples", str(count), "--source-order", "--max-new-tokens",
-           str(args.max_new_tokens), "--temperature", str(temperature), "--seed", str(args.seed),
-           "--dtype", args.dtype, "--no-progress", "--output", str(path)]
-    run(cmd, out / "bench.log")
+           str(args.max_new_tokens), "--seed", str(args.seed), "--dtype", args.dtype, "--no-progress",
+           "--output", str(path), *extra]
+    run(cmd, path.parent / f"{command}.log")
     return path
+
+
+def bench(args, folders, dataset, count, temperature, out):
+    return measure(args, "bench", folders, dataset, count, out / f"bench-{dataset}-T{temperature:g}.json",
+                   ["--temperature", str(temperature)])
+
+
+def replay(args, folders, dataset, count, out):
+    return measure(args, "replay", folders, dataset, count, out / f"replay-{dataset}-T0.json",
+                   ["--references", str(out / "references.jsonl")])
+
+
+def replay_rows(dataset, report, names):
+    """Table rows of one replay report (T=0): τ, the ratio to DFlash with its paired interval, per-slot acceptance and
+    the drafter's cost per round (no verify ran: no speedup)."""
+    methods, rows = report["summary"]["methods"], []
+    base = [p["drafters"]["main"]["acceptance_lengths"] for p in report["prompts"]]
+    for name in names:
+        label = "main" if name == "dflash" else name
+        m = methods[label]
+        ours = [p["drafters"][label]["acceptance_lengths"] for p in report["prompts"]]
+        rows.append({
+            "dataset": dataset, "T": 0.0, "variant": name, "prompts": report["summary"]["num_prompts"],
+            "tau": m["tau_pooled"], "speedup": None, "ms_per_round": m["drafter_ms_per_round"],
+            "cost": "drafter ms per round (replay)", "per_slot": m["per_slot"]["rate"], "exact_rate": None,
+            "tau_ratio": m["tau_pooled"] / methods["main"]["tau_pooled"],
+            "tau_ratio_ci": ratio_interval([(sum(x), len(x)) for x in ours], [(sum(x), len(x)) for x in base]),
+        })
+    return rows
 
 
 def method_name(name):
@@ -119,7 +153,7 @@ def table(reports, names):
             rows.append({
                 "dataset": dataset, "T": temperature, "variant": name, "prompts": report["summary"]["num_prompts"],
                 "tau": m["tau_pooled"], "speedup": m["speedup"], "ms_per_round": m["ms_per_round"],
-                "per_slot": m["per_slot"]["rate"], "exact_rate": m["agreement"]["exact_rate"],
+                "cost": "ms per round (bench: verify + drafter)", "per_slot": m["per_slot"]["rate"], "exact_rate": m["agreement"]["exact_rate"],
                 "tau_ratio": m["tau_pooled"] / methods[method_name("dflash")]["tau_pooled"],
                 "tau_ratio_ci": ratio_interval(per_prompt(report, method_name(name)), base),
             })
@@ -127,7 +161,8 @@ def table(reports, names):
 
 
 def markdown(rows):
-    lines = ["| T | set | variant | τ | τ / τ(DFlash) [95% CI] | slot-1 acc. | ms per round | speedup |",
+    lines = ["| T | set | variant | τ | τ / τ(DFlash) [95% CI] | slot-1 acc. | ms per round (replay: drafter only) | "
+             "speedup |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ci = r["tau_ratio_ci"]
@@ -135,7 +170,7 @@ def markdown(rows):
         slot1 = (r["per_slot"] or [None])[0]
         lines.append(f"| {r['T']:g} | {r['dataset']} ({r['prompts']}) | {r['variant']} | {r['tau']:.3f} | "
                      f"{r['tau_ratio']:.3f}{ci} | {slot1 if slot1 is None else f'{slot1:.3f}'} | "
-                     f"{r['ms_per_round']:.1f} | {r['speedup']:.3f} |")
+                     f"{r['ms_per_round']:.1f} | {'-' if r['speedup'] is None else format(r['speedup'], '.3f')} |")
     return "\n".join(lines)
 
 
@@ -195,6 +230,8 @@ def main(argv=None):
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--replay", action="store_true",
+                        help="T=0 cells from `dflash-retrace replay` (exact rounds, no verify, no speedup)")
     parser.add_argument("--cli", default=str(Path(sys.executable).with_name("dflash-retrace")))
     args = parser.parse_args(argv)
 
@@ -205,13 +242,17 @@ def main(argv=None):
     if unknown or "dflash" not in names:
         raise SystemExit(f"--variants must include dflash and name only {sorted(VARIANTS)}; got {names}")
     folders = {name: train(args, name, variant_flags(args, name), out) for name in names}
-    reports = {}
+    reports, rows = {}, []
     for spec in args.datasets.split(","):
         dataset, _, count = spec.partition(":")
         for temperature in (float(t) for t in args.temperatures.split(",")):
+            if args.replay and temperature == 0:
+                path = replay(args, folders, dataset, int(count or 32), out)
+                rows += replay_rows(dataset, json.loads(path.read_text()), names)
+                continue
             path = bench(args, folders, dataset, int(count or 32), temperature, out)
             reports[(dataset, temperature)] = json.loads(path.read_text())
-    rows = table(reports, names)
+    rows += table(reports, names)
     summaries = {name: json.loads((folders[name] / "summary.json").read_text()) for name in names}
     (out / "ablation.json").write_text(json.dumps({
         "command": shlex.join([sys.executable, *sys.argv]), "config": vars(args), "rows": rows,

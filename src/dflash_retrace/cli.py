@@ -21,7 +21,7 @@ COMMAND_MODULES = (
     "dflash_retrace.demo",        # demo (the README's main job)
     "dflash_retrace.assets",      # fetch
     "dflash_retrace.training",    # regenerate, train, corpus
-    "dflash_retrace.evaluation",  # bench, gpu-check
+    "dflash_retrace.evaluation",  # bench, gpu-check, replay
     "dflash_retrace.hub",         # export, push, templates, payload
 )
 

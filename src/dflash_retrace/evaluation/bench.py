@@ -45,7 +45,7 @@ from .metrics import (agreement, merge_suffix_matches, rejected_suffix_matches, 
                       summarize_rounds)
 from .report import format_report, plot_results
 
-__all__ = ["BenchConfig", "register_cli", "run_benchmark"]
+__all__ = ["BenchConfig", "MeasureOptions", "register_cli", "run_benchmark"]
 
 SCHEMA = "dflash-retrace/bench/v1"
 WARMUP_TOKENS = 16  # per method, on the first prompt, before any clock runs
@@ -93,8 +93,8 @@ def _label_and_path(value: str) -> tuple:
 
 
 @dataclass
-class BenchConfig:
-    """What `run_benchmark` measures and how; the `bench` CLI is generated from these fields."""
+class MeasureOptions:
+    """The prompts, budget, drafter settings and environment shared by `bench` and `replay` (and their CLIs)."""
 
     dataset: str = option("humaneval", "gsm8k, math500, humaneval, mbpp, mt-bench, or a local .jsonl of prompts")
     data: str | None = option(None, "local JSONL with the benchmark's own fields (instead of Hub/registry)")
@@ -102,32 +102,38 @@ class BenchConfig:
     source_order: bool = option(False, "keep the set's own order instead of the seeded shuffle: --max-samples N "
                                        "takes the first N")
     max_new_tokens: int = option(256, "new tokens per turn")
-    temperature: float = option(0.0, "0 = greedy; > 0 samples")
     seed: int = option(0, "prompt shuffle, untrained drafter and sampling seed")
     dtype: str = option("auto", INFERENCE_DTYPE_HELP)
     device: str = option("auto", "auto (cuda if available), cpu, cuda, cuda:1, ...")
-    output: str | None = option(None, "JSON report path", cli_default="bench.json")
-    plot: str | None = option(None, "also write a PNG (histogram + per-slot acceptance) here")
-    baselines: bool = option(False, "also run z-lab's dflash_generate (if installed) and transformers' "
-                                    "speculation_type='dflash'")
-    compare: dict | None = option(None, "also time this drafter against the same plain run (method "
-                                        "speculative:LABEL; repeatable)", type=_label_and_path, action="append",
-                                  metavar="LABEL=DRAFTER")
-    no_memory: bool = option(False, "also run the --drafter with its ReTrace memory switched off (method "
-                                    "speculative:no_memory)", flag="--no-memory-ablation")
+    compare: dict | None = option(None, "also measure this drafter on the same prompts and plain outputs (bench: "
+                                        "method speculative:LABEL; repeatable)", type=_label_and_path,
+                                  action="append", metavar="LABEL=DRAFTER")
     max_proposals: int | None = option(None, "at most this many proposals per round for --drafter (its config's "
                                              "max_proposals; --compare drafters keep their own)")
     proposal_threshold: float | None = option(None, "adaptive rounds for --drafter: stop before the first slot "
                                                     "whose drafter probability is below this (slot 1: a plain step)")
     enable_thinking: bool = option(False, "thinking on in chat templates that support it")
-    save_outputs: bool = option(False, "store every method's token ids in the JSON")
-    warmup_tokens: int = option(WARMUP_TOKENS, "new tokens of each untimed warm-up call, per method, on the first prompt")
-    cudnn_sdpa: bool = option(True, "PyTorch's cuDNN attention backend (CUDA; it re-plans for every new KV length)")
     progress: bool = option(True, "progress bar")
 
     def __post_init__(self):
         if isinstance(self.compare, list):  # the CLI's repeated LABEL=DRAFTER pairs
             self.compare = dict(self.compare)
+
+
+@dataclass
+class BenchConfig(MeasureOptions):
+    """What `run_benchmark` measures and how; the `bench` CLI is generated from these fields."""
+
+    temperature: float = option(0.0, "0 = greedy; > 0 samples")
+    output: str | None = option(None, "JSON report path", cli_default="bench.json")
+    plot: str | None = option(None, "also write a PNG (histogram + per-slot acceptance) here")
+    baselines: bool = option(False, "also run z-lab's dflash_generate (if installed) and transformers' "
+                                    "speculation_type='dflash'")
+    no_memory: bool = option(False, "also run the --drafter with its ReTrace memory switched off (method "
+                                    "speculative:no_memory)", flag="--no-memory-ablation")
+    save_outputs: bool = option(False, "store every method's token ids in the JSON")
+    warmup_tokens: int = option(WARMUP_TOKENS, "new tokens of each untimed warm-up call, per method, on the first prompt")
+    cudnn_sdpa: bool = option(True, "PyTorch's cuDNN attention backend (CUDA; it re-plans for every new KV length)")
 
 
 @dataclass
