@@ -5,7 +5,8 @@ drafters trained elsewhere (an earlier run, a shipped drafter), so every checkpo
         --drafter run3=checkpoints/smollm2-135m-instruct-dflash-b8-wip --drafter run4=run4 --output held_out.json
 
 Per drafter: the label loss, the per-slot accuracy and the teacher-forced τ estimate on the store's rows (random
-anchors, seeded), and τ with the real generator on the first `--prompts` rows' prompts (greedy, `--max-new-tokens`).
+anchors drawn with `HELD_OUT_SEED`, the same for every drafter and run), and τ with the real generator on the first
+`--prompts` rows' prompts (greedy, `--max-new-tokens`; 0: none).
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--rows", type=int, help="only the store's first N rows (`train --eval-every` logs the first 32)")
     parser.add_argument("--prompts", type=int, default=8, help="rows whose prompts measure τ with the generator")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="JSON file")
     args = parser.parse_args(argv)
     target, _ = load_target(args.target, dtype=args.dtype)
-    cfg = TrainConfig(features=args.store, labels=args.labels, max_anchors=args.max_anchors, seed=args.seed,
+    cfg = TrainConfig(features=args.store, labels=args.labels, max_anchors=args.max_anchors,
                       eval_prompts=args.prompts, eval_max_new_tokens=args.max_new_tokens).resolved()
     results = {}
     for spec in args.drafter:

@@ -7,7 +7,11 @@ import torch
 from .data import anchor_generator
 from .objective import dflash_block_loss, drafter_core, sample_anchors
 
-__all__ = ["evaluate_slots", "held_out_metrics", "measure_acceptance"]
+__all__ = ["HELD_OUT_SEED", "evaluate_slots", "held_out_metrics", "measure_acceptance"]
+
+# The held-out anchors are drawn with this seed whatever the run's `--seed`: runs with different training seeds are
+# then judged on the same blocks.
+HELD_OUT_SEED = 0
 
 
 @torch.no_grad()
@@ -73,11 +77,13 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
 
 
 def held_out_metrics(model, target, held_out, cfg, attention) -> dict:
-    ev = evaluate_slots(model, target, held_out, cfg.max_anchors, cfg.gamma, cfg.seed, attention, cfg.labels)
+    ev = evaluate_slots(model, target, held_out, cfg.max_anchors, cfg.gamma, HELD_OUT_SEED, attention, cfg.labels)
     chosen = held_out[: cfg.eval_prompts]
-    prompts = [ex.input_ids[: ex.prompt_length][None] for ex in chosen]
-    budget = min(cfg.eval_max_new_tokens, max(int(ex.input_ids.numel() - ex.prompt_length) for ex in chosen))
-    acc = measure_acceptance(target, model, prompts, max(1, budget))
+    acc = {"tau": None, "tau_per_prompt": None, "rounds": 0}  # --eval-prompts 0: no generation
+    if chosen:
+        prompts = [ex.input_ids[: ex.prompt_length][None] for ex in chosen]
+        budget = min(cfg.eval_max_new_tokens, max(int(ex.input_ids.numel() - ex.prompt_length) for ex in chosen))
+        acc = measure_acceptance(target, model, prompts, max(1, budget))
     return {
         "held_out_loss": ev["loss"],
         "held_out_slot_accuracy": ev["slot_accuracy"],  # slots 1..K, random anchors, no memory

@@ -48,7 +48,7 @@ from ..runtime import eos_token_ids, load_drafter, warn_slow_bf16
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
-from .held_out import evaluate_slots, held_out_metrics
+from .held_out import HELD_OUT_SEED, evaluate_slots, held_out_metrics
 from .features import StoredRows, held_out_rows, open_stores, stored_features, stored_soft_targets
 from .init_layers import copy_target_layers
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
@@ -372,7 +372,7 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
                 record = {"step": state.step, "epoch": state.epoch, "loss": sum(logged) / len(logged), "lr": lr,
                           "elapsed_s": round(time.time() - started, 2), "slot_tokens": state.slot_tokens * world}
                 if cfg.eval_every and held_out and main and state.step % cfg.eval_every == 0:
-                    ev = evaluate_slots(model, target, held_out[:32], cfg.max_anchors, cfg.gamma, cfg.seed,
+                    ev = evaluate_slots(model, target, held_out[:32], cfg.max_anchors, cfg.gamma, HELD_OUT_SEED,
                                         attention, cfg.labels)
                     record.update(held_out_slot_accuracy=ev["slot_accuracy"], held_out_tau_estimate=ev["tau_estimate"])
                 accelerator.log({k: v for k, v in record.items() if k != "step"}, step=state.step)
