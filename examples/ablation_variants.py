@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from dflash_retrace.evaluation.replay import paired_tau_ratio_interval
+
 VARIANTS = {  # name -> extra `train` flags (each adds zero-initialised weights to the --init drafter, or the loss)
     "dflash": [],
     "layerwise": ["--fusion", "layerwise"],
@@ -113,7 +115,7 @@ def replay_rows(dataset, report, names):
             "tau": m["tau_pooled"], "speedup": None, "ms_per_round": m["drafter_ms_per_round"],
             "cost": "drafter ms per round (replay)", "per_slot": m["per_slot"]["rate"], "exact_rate": None,
             "tau_ratio": m["tau_pooled"] / methods["main"]["tau_pooled"],
-            "tau_ratio_ci": ratio_interval([(sum(x), len(x)) for x in ours], [(sum(x), len(x)) for x in base]),
+            "tau_ratio_ci": paired_tau_ratio_interval(ours, base),
         })
     return rows
 
