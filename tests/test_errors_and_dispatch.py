@@ -164,6 +164,22 @@ def test_builtin_dflash_path_runs_plain_dflash(target):
     assert torch.equal(ref, out)
 
 
+
+def test_builtin_dflash_path_warns_that_it_ignores_the_draft_vocabulary(target):
+    """transformers' built-in generator scores with the target's full head: a draft-vocabulary drafter then drafts
+    differently from how it was trained, which the user must be told (output stays lossless)."""
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).eval()
+    drafter.set_draft_vocabulary(list(range(0, target.config.vocab_size, 2)))
+    ref = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    with pytest.warns(UserWarning, match=r"draft vocabulary \(\d+ tokens.*is not used"):
+        out = target.generate(PROMPT, assistant_model=drafter, max_new_tokens=10, do_sample=False,
+                              speculation_type="dflash")
+    assert torch.equal(ref, out)
+    with warnings.catch_warnings():  # our own generator uses the draft vocabulary: no warning there
+        warnings.simplefilter("error")
+        out = target.generate(PROMPT, assistant_model=drafter, max_new_tokens=10, do_sample=False)
+    assert torch.equal(ref, out)
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
