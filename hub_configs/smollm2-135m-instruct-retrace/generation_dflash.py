@@ -478,6 +478,14 @@ def install_dispatch() -> None:
                         f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
                         f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
                         "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
+                if getattr(drafter, "draft_to_target", None) is not None:
+                    warnings.warn(
+                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which scores the "
+                        "proposals with the target's full LM head: this drafter's draft vocabulary "
+                        f"({drafter.config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
+                        "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
+                        stacklevel=4,
+                    )
                 if drafter.retrace is not None:
                     warnings.warn(
                         "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "
