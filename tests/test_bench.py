@@ -395,11 +395,12 @@ def test_bench_baselines_skip_the_reference_for_a_drafter_it_cannot_hold(tiny_as
     """z-lab's model is plain DFlash on the full head: a draft-vocabulary (or variant) drafter is skipped, loudly and
     with the reason in the report, instead of crashing or running a different drafter."""
     pytest.importorskip("dflash.model", reason="z-lab dflash not installed")
-    from dflash_retrace.evaluation.methods import REFERENCE, Methods, reference_unsupported
+    from dflash_retrace.evaluation.methods import REFERENCE, Methods
+    from dflash_retrace.runtime import zlab_incompatibility
 
     target = AutoModelForCausalLM.from_pretrained(tiny_assets / "target", dtype=torch.float32).eval()
     drafter = DFlashDrafter.from_pretrained(tiny_assets / "drafter").eval()
-    assert reference_unsupported(drafter) is None
+    assert zlab_incompatibility(drafter.config) is None
     assert REFERENCE in Methods(target, drafter, 8, 0.0, baselines=True).available
     drafter.set_draft_vocabulary(list(range(0, drafter.config.vocab_size, 3)))
     with pytest.warns(UserWarning, match="zlab_reference skipped: .*draft vocabulary"):
@@ -407,7 +408,7 @@ def test_bench_baselines_skip_the_reference_for_a_drafter_it_cannot_hold(tiny_as
     assert REFERENCE not in methods.available and "draft vocabulary" in methods.skipped[REFERENCE]
     assert "transformers_builtin" in methods.available
     variant = DFlashDrafter.from_pretrained(tiny_assets / "drafter", step_embeddings=True).eval()
-    assert "step_embeddings=True" in reference_unsupported(variant)
+    assert "step_embeddings=True" in zlab_incompatibility(variant.config)
 
 def test_reference_drafter_has_the_same_weights(tiny_assets):
     pytest.importorskip("dflash.model", reason="z-lab dflash not installed")

@@ -19,11 +19,12 @@ import transformers
 
 from . import __version__
 from .assets import folder_or_hub_id, model_not_found, resolve_model
+from .configuration_dflash import DFlashConfig
 from .modeling_dflash import DFlashDrafter
 
 __all__ = ["apply_chat_template", "cpu_has_bf16_matmul", "cudnn_sdpa", "encode_messages", "encode_prompt", "environment",
            "eos_token_ids", "load_drafter", "load_target", "prompt_messages", "resolve_device", "resolve_dtype",
-           "speedup_bound_fault", "uses_chat_template", "warn_slow_bf16"]
+           "speedup_bound_fault", "uses_chat_template", "warn_slow_bf16", "zlab_incompatibility"]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -224,6 +225,24 @@ def cudnn_sdpa(enabled: bool):
         yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(previous)
+
+
+def zlab_incompatibility(config: DFlashConfig) -> str | None:
+    """Why z-lab's DFlashDraftModel (plain DFlash on the target's full LM head) cannot hold a drafter of `config` as
+    the same drafter, or None if it can. ReTrace is not a reason: it is dropped (the export warns, bench notes it)."""
+    if config.draft_vocab_size is not None:
+        return (f"This drafter proposes from a draft vocabulary of {config.draft_vocab_size} tokens "
+                "(`draft_to_target`); z-lab's DFlashDraftModel always uses the target's full LM head, so it would "
+                "propose tokens the drafter was never trained on.")
+    if config.context != "hidden":
+        return (f"This drafter attends to the target's KV cache (context={config.context!r}); z-lab's "
+                "DFlashDraftModel attends to the fused hidden states only, so it would draft differently.")
+    options = [name for name, on in (("fusion='layerwise' (DFlare)", config.fusion != "fc"),
+                                     ("step_embeddings=True (PAD-Rec)", config.step_embeddings)) if on]
+    if options:
+        return (f"This drafter uses {' and '.join(options)}; z-lab's DFlashDraftModel has neither, so it would draft "
+                "differently.")
+    return None
 
 
 def speedup_bound_fault(speedup: float | None, tau: float | None) -> str | None:

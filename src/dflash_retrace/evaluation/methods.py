@@ -18,34 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling_dflash import DFlashDrafter
-from ..runtime import eos_token_ids
+from ..runtime import eos_token_ids, zlab_incompatibility
 
-__all__ = ["BUILTIN", "Generation", "Methods", "PLAIN", "REFERENCE", "SPECULATIVE", "build_reference_drafter", "reference_unsupported"]
+__all__ = ["BUILTIN", "Generation", "Methods", "PLAIN", "REFERENCE", "SPECULATIVE", "build_reference_drafter"]
 
 PLAIN, SPECULATIVE, REFERENCE, BUILTIN = "plain", "speculative", "zlab_reference", "transformers_builtin"
-
-
-def reference_unsupported(drafter: DFlashDrafter) -> str | None:
-    """Why z-lab's `DFlashDraftModel` cannot hold `drafter` as the same drafter, or None if it can.
-
-    z-lab's model is plain DFlash: it scores proposals with the target's full LM head and has no variant weights, so a
-    draft vocabulary, layer-wise fusion, step embeddings or a KV context would make it a different drafter (ReTrace
-    is only dropped, which bench's notes say).
-    """
-    c = drafter.config
-    parts = []
-    if getattr(c, "draft_vocab_size", None) is not None:
-        parts.append(f"a {c.draft_vocab_size:,}-token draft vocabulary (z-lab scores with the target's full LM head)")
-    if getattr(c, "fusion", "fc") != "fc":
-        parts.append(f"fusion={c.fusion!r}")
-    if getattr(c, "step_embeddings", False):
-        parts.append("step_embeddings=True")
-    if getattr(c, "context", "hidden") != "hidden":
-        parts.append(f"context={c.context!r}")
-    if not parts:
-        return None
-    return ("z-lab's DFlashDraftModel is plain DFlash and cannot run this drafter as trained: it has "
-            + ", ".join(parts))
 
 
 def build_reference_drafter(drafter: DFlashDrafter):
@@ -148,7 +125,7 @@ class Methods:
             except ImportError as err:
                 self.skipped[REFERENCE] = f"z-lab's `dflash` is not importable ({err}); pip install dflash==0.1.0"
             else:
-                reason = reference_unsupported(drafter)
+                reason = zlab_incompatibility(drafter.config)
                 if reason is not None:
                     self.skipped[REFERENCE] = reason
                     warnings.warn(f"bench --baselines: {REFERENCE} skipped: {reason}", stacklevel=2)

@@ -18,7 +18,7 @@ import transformers
 from .. import __version__
 from ..configuration_dflash import DFlashConfig
 from ..modeling_dflash import DFlashDrafter
-from ..runtime import load_drafter
+from ..runtime import load_drafter, zlab_incompatibility
 from .card import BENCH_PATTERN, bench_rows, model_card
 
 FORMATS = ("ours", "zlab")
@@ -89,22 +89,9 @@ def export_drafter(
 
 def zlab_state_dict(drafter: DFlashDrafter) -> dict:
     """The drafter's tensors under z-lab's names (identical to ours), without the ReTrace conditioner."""
-    if drafter.config.draft_vocab_size is not None:
-        raise ValueError(
-            f"This drafter proposes from a draft vocabulary of {drafter.config.draft_vocab_size} tokens "
-            "(`draft_to_target`); z-lab's DFlashDraftModel always uses the target's full LM head, so a z-lab export "
-            "would propose tokens the drafter was never trained on. Export with format='ours' (trust_remote_code).")
-    if drafter.config.context != "hidden":
-        raise ValueError(
-            f"This drafter attends to the target's KV cache (context={drafter.config.context!r}); z-lab's "
-            "DFlashDraftModel attends to the fused hidden states only, so a z-lab export would draft differently. "
-            "Export with format='ours' (trust_remote_code).")
-    options = [name for name, on in (("fusion='layerwise' (DFlare)", drafter.config.fusion != "fc"),
-                                     ("step_embeddings=True (PAD-Rec)", drafter.config.step_embeddings)) if on]
-    if options:
-        raise ValueError(
-            f"This drafter uses {' and '.join(options)}; z-lab's DFlashDraftModel has neither, so a z-lab export would "
-            "draft differently. Export with format='ours' (trust_remote_code).")
+    reason = zlab_incompatibility(drafter.config)
+    if reason is not None:
+        raise ValueError(f"{reason} Export with format='ours' (trust_remote_code).")
     state, dropped = {}, []
     for name, tensor in drafter.state_dict().items():
         if name.startswith("retrace."):
