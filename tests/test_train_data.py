@@ -74,3 +74,37 @@ def test_prompt_mix_covers_every_kind_and_drops_overlap(fake_sources, monkeypatc
     monkeypatch.setattr(train_data, "_eval_shingles", lambda: (train_data._shingles(victim["prompt"]), []))
     kept, manifest = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
     assert manifest["eval_overlap_check"]["dropped"] >= 1 and victim["prompt"] not in {r["prompt"] for r in kept}
+
+
+def test_a_second_mix_excludes_an_earlier_one_and_keeps_its_own_ids(fake_sources, monkeypatch, tmp_path):
+    import json
+
+    funcs = [(f"mod{i}.py:g{i}:1", f'def g{i}(a, b):\n    """Return the sum of a and b plus {i} for item {i} of the list."""'
+              f"\n    return a + b + {i}") for i in range(60)]
+    monkeypatch.setattr(train_data, "_stdlib_functions", lambda: list(funcs))
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(), []))
+    monkeypatch.setattr(train_data.assets, "sha256_file", lambda path: "stand-in")
+    first = tmp_path / "mix0.jsonl"
+    train_data.build_corpus(train_data.CorpusConfig(out=str(first), num_prompts=40, seed=0, mix=True))
+    earlier = train_data.read_jsonl(first)
+    assert all(r["id"].startswith("m0") for r in earlier)  # seed 0 keeps the committed answers' ids
+    second = tmp_path / "mix1.jsonl"
+    printed = train_data.build_corpus(train_data.CorpusConfig(out=str(second), num_prompts=40, seed=1, mix=True,
+                                                              exclude=str(first)))
+    rows = train_data.read_jsonl(second)
+    report = json.loads((tmp_path / "mix1.jsonl.manifest.json").read_text())["exclude_check"]
+    unfiltered, _ = __import__("dflash_retrace.training.prompt_mix", fromlist=["x"]).build_prompt_mix(40, 1)
+    assert report["dropped"] >= 1 and len(rows) == len(unfiltered) - report["dropped"] == printed["num_rows"]
+    assert report["files"] == [{"file": str(first), "prompts": len(earlier)}]
+    manifest = json.loads((tmp_path / "mix1.jsonl.manifest.json").read_text())
+    assert manifest["num_prompts"] == len(rows) == sum(manifest["counts"].values())
+    old_shingles = set().union(*(train_data._shingles(r["prompt"]) for r in earlier))
+    old_prompts = {r["prompt"] for r in earlier}
+    assert rows and all(r["prompt"] not in old_prompts and not (train_data._shingles(r["prompt"]) & old_shingles)
+                        for r in rows)
+    assert all(r["id"].startswith("s1m") for r in rows) and not {r["id"] for r in rows} & {r["id"] for r in earlier}
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no rows with a 'prompt'"):
+        train_data.build_corpus(train_data.CorpusConfig(out=str(tmp_path / "x.jsonl"), num_prompts=10, seed=2,
+                                                        mix=True, exclude=str(empty)))

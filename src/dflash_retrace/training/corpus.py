@@ -229,6 +229,36 @@ def _drop_eval_overlap(rows, text_of) -> tuple:
     return kept, len(rows) - len(kept), checked
 
 
+def drop_overlap_with(rows, paths) -> tuple:
+    """(kept rows, report): rows whose prompt equals a prompt of the JSONL files `paths` or shares a 13-word window
+    with one are dropped; the report names the files, their prompt count and the dropped count."""
+    seen, shingles, files = set(), set(), []
+    for path in paths:
+        prompts = [str(r.get("prompt", "")) for r in read_jsonl(path)]
+        if not prompts:
+            raise ValueError(f"--exclude {path}: no rows with a 'prompt' field; pass the JSONL of an earlier mix "
+                             "or of a held-out split (rows as `corpus` or `regenerate` write them).")
+        seen.update(prompts)
+        for prompt in prompts:
+            shingles |= _shingles(prompt)
+        files.append({"file": str(path), "prompts": len(prompts)})
+    kept = [r for r in rows if r["prompt"] not in seen and not (_shingles(r["prompt"]) & shingles)]
+    return kept, {"ngram_words": 13, "files": files, "dropped": len(rows) - len(kept)}
+
+
+def _recount(rows, counts) -> dict:
+    """The manifest's counts for the rows kept: per template (the mix) or per source, then template."""
+    nested = bool(counts) and isinstance(next(iter(counts.values())), dict)
+    out: dict = {}
+    for row in rows:
+        if nested:
+            bucket = out.setdefault(row["source"].split(":", 1)[0], {})
+            bucket[row["template"]] = bucket.get(row["template"], 0) + 1
+        else:
+            out[row["template"]] = out.get(row["template"], 0) + 1
+    return out
+
+
 def _plan(num_rows, seed, code_share, cache_dir):
     """(rng, archive paths, seeded-shuffled stdlib functions, code rows, rows per prose source)."""
     rng = random.Random(seed)
@@ -362,6 +392,9 @@ class CorpusConfig:
                                            "output) to --out")
     code: int = option(26, "with --subset-from: code rows")
     prose_per_source: int = option(10, "with --subset-from: rows per prose source")
+    exclude: str | None = option(None, "comma-separated JSONL files (an earlier mix, a held-out split): rows whose "
+                                       "prompt equals one of theirs or shares a 13-word window with it are dropped "
+                                       "(counted in the manifest), so a second mix adds only new prompts")
 
 
 def build_corpus(cfg: CorpusConfig) -> dict:
@@ -378,6 +411,10 @@ def build_corpus(cfg: CorpusConfig) -> dict:
     else:
         build = build_text_rows if cfg.text_rows else build_prompts
         rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
+    if cfg.exclude:
+        rows, manifest["exclude_check"] = drop_overlap_with(rows, cfg.exclude.split(","))
+        manifest["counts"] = _recount(rows, manifest.get("counts"))
+        manifest["num_prompts" if "num_prompts" in manifest else "num_rows"] = len(rows)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
