@@ -81,6 +81,7 @@ def test_greedy_regeneration_equals_target_generate(target, tokenizer, tmp_path)
         assert row["num_response_tokens"] == len(expected)
         assert row["generation"]["do_sample"] is False and row["generation"]["max_new_tokens"] == 24
         assert row["generation"]["chat_template"] is True
+        assert row["generation"]["dtype"] == "float32" and row["generation"]["batch_size"] == 3
     assert rows["b"]["messages"][:2] == PROMPTS[1]["messages"] and rows["b"]["messages"][2]["role"] == "assistant"
     assert len(rows["d"]["messages"]) == 2  # the old assistant turn was replaced by the target's own
     assert "response" not in rows["b"] and rows["a"]["prompt"] == "hello there"
@@ -133,7 +134,8 @@ def test_sampling_settings_are_recorded(target, tokenizer, tmp_path):
                top_k=20, seed=5, target_name="tiny", progress=False)
     settings = [row["generation"] for row in read_rows(out).values()]
     assert settings[0] == settings[1] == {"target": "tiny", "do_sample": True, "temperature": 0.7, "top_p": 0.9,
-                                          "top_k": 20, "max_new_tokens": 8, "seed": 5, "chat_template": True}
+                                          "top_k": 20, "max_new_tokens": 8, "seed": 5, "chat_template": True,
+                                          "dtype": "float32", "batch_size": 8}
 
 
 def test_bad_prompt_rows_fail_with_the_fix(target, tokenizer, tmp_path):

@@ -102,6 +102,8 @@ def regenerate(target, tokenizer, prompts, out_path, config: RegenerateConfig | 
         "max_new_tokens": int(cfg.max_new_tokens),
         "seed": int(cfg.seed),
         "chat_template": uses_chat_template(tokenizer, cfg.chat_template),
+        "dtype": str(next(target.parameters()).dtype).removeprefix("torch."),  # bf16 and fp32 answers differ at near-ties
+        "batch_size": int(cfg.batch_size),
     }
     if cfg.do_sample:
         sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
