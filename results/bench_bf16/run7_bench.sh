@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# HumanEval 164, bf16, 1 thread, 64 new tokens, greedy: run 7 against plain generate() in one run
+# HumanEval 164, bf16, 1 thread, 64 new tokens, greedy: the WIP drafter (run 7) against plain generate() in one run.
+# Run from the repository root.
 set -eu
-export OMP_NUM_THREADS=1 PATH=/work/main/.venv/bin:$PATH
-dflash-retrace bench --target smollm2-135m-instruct --drafter run7 --dataset humaneval --max-samples 164 \
-  --source-order --max-new-tokens 64 --dtype bfloat16 --output bench_run7_humaneval164_bf16.json --no-progress
+export OMP_NUM_THREADS=1
+dflash-retrace bench --target smollm2-135m-instruct --drafter checkpoints/smollm2-135m-instruct-dflash-b8-wip \
+  --dataset humaneval --max-samples 164 --source-order --max-new-tokens 64 --dtype bfloat16 \
+  --output results/bench_bf16/run7_humaneval164_bf16.json --no-progress
