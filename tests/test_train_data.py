@@ -93,7 +93,9 @@ def test_a_second_mix_excludes_an_earlier_one_and_keeps_its_own_ids(fake_sources
                                                               exclude=str(first)))
     rows = train_data.read_jsonl(second)
     report = json.loads((tmp_path / "mix1.jsonl.manifest.json").read_text())["exclude_check"]
-    unfiltered, _ = __import__("dflash_retrace.training.prompt_mix", fromlist=["x"]).build_prompt_mix(40, 1)
+    from dflash_retrace.training.prompt_mix import build_prompt_mix
+
+    unfiltered, _ = build_prompt_mix(40, 1)
     assert report["dropped"] >= 1 and len(rows) == len(unfiltered) - report["dropped"] == printed["num_rows"]
     assert report["files"] == [{"file": str(first), "prompts": len(earlier)}]
     manifest = json.loads((tmp_path / "mix1.jsonl.manifest.json").read_text())

@@ -225,8 +225,13 @@ def _drop_eval_overlap(rows, text_of) -> tuple:
     """(kept rows, dropped count, checked sets): rows whose `text_of(row)` shares a 13-word window with an
     evaluation prompt are dropped."""
     eval_sh, checked = _eval_shingles()
-    kept = [r for r in rows if not (_shingles(text_of(r)) & eval_sh)]
+    kept = _keep_disjoint(rows, text_of, eval_sh)
     return kept, len(rows) - len(kept), checked
+
+
+def _keep_disjoint(rows, text_of, shingles, texts=frozenset()) -> list:
+    """Rows whose `text_of(row)` is not in `texts` and shares no 13-word window with `shingles`."""
+    return [r for r in rows if text_of(r) not in texts and not (_shingles(text_of(r)) & shingles)]
 
 
 def drop_overlap_with(rows, paths) -> tuple:
@@ -242,20 +247,16 @@ def drop_overlap_with(rows, paths) -> tuple:
         for prompt in prompts:
             shingles |= _shingles(prompt)
         files.append({"file": str(path), "prompts": len(prompts)})
-    kept = [r for r in rows if r["prompt"] not in seen and not (_shingles(r["prompt"]) & shingles)]
+    kept = _keep_disjoint(rows, lambda r: r["prompt"], shingles, seen)
     return kept, {"ngram_words": 13, "files": files, "dropped": len(rows) - len(kept)}
 
 
-def _recount(rows, counts) -> dict:
-    """The manifest's counts for the rows kept: per template (the mix) or per source, then template."""
-    nested = bool(counts) and isinstance(next(iter(counts.values())), dict)
+def template_counts(rows, by_source=False) -> dict:
+    """Rows per template (the mix's manifest), or per source, then template (`build_prompts`' manifest)."""
     out: dict = {}
     for row in rows:
-        if nested:
-            bucket = out.setdefault(row["source"].split(":", 1)[0], {})
-            bucket[row["template"]] = bucket.get(row["template"], 0) + 1
-        else:
-            out[row["template"]] = out.get(row["template"], 0) + 1
+        bucket = out.setdefault(row["source"].split(":", 1)[0], {}) if by_source else out
+        bucket[row["template"]] = bucket.get(row["template"], 0) + 1
     return out
 
 
@@ -299,11 +300,7 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     for i, row in enumerate(rows):
         row["id"] = f"p{i:05d}"
 
-    counts: dict = {}
-    for row in rows:
-        key = row["source"].split(":", 1)[0]
-        counts.setdefault(key, {})
-        counts[key][row["template"]] = counts[key].get(row["template"], 0) + 1
+    counts = template_counts(rows, by_source=True)
     manifest = {
         "seed": seed,
         "num_prompts": len(rows),
@@ -413,7 +410,8 @@ def build_corpus(cfg: CorpusConfig) -> dict:
         rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
     if cfg.exclude:
         rows, manifest["exclude_check"] = drop_overlap_with(rows, cfg.exclude.split(","))
-        manifest["counts"] = _recount(rows, manifest.get("counts"))
+        if "counts" in manifest:
+            manifest["counts"] = template_counts(rows, by_source=not cfg.mix)
         manifest["num_prompts" if "num_prompts" in manifest else "num_rows"] = len(rows)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -125,11 +125,10 @@ def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), ca
         rows, dropped, checked = corpus._drop_eval_overlap(rows, lambda r: r["prompt"])
     rows = list({r["prompt"]: r for r in rows}.values())  # exact duplicates (synthetic math) once
     rng.shuffle(rows)
-    counts: dict = {}
     prefix = "m" if seed == 0 else f"s{seed}m"  # seed 0 keeps the ids of the committed answers; others never clash
     for i, row in enumerate(rows):
         row["id"] = f"{prefix}{i:05d}"
-        counts[row["template"]] = counts.get(row["template"], 0) + 1
+    counts = corpus.template_counts(rows)
     manifest = {"seed": seed, "num_prompts": len(rows), "shares": list(shares), "counts": counts,
                 "solve_templates": list(SOLVE_TEMPLATES), "writing_templates": WRITING_TEMPLATES,
                 "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped},
