@@ -24,8 +24,7 @@ from dflash_retrace.runtime import eos_token_ids, load_target
 from dflash_retrace.training.data import load_rows, tokenize_rows
 
 
-def _sequences(paths, tokenizer, eos):
-    rows = [row for path in paths for row in load_rows(path)]
+def _sequences(rows, tokenizer, eos):
     return [(ex.input_ids.numpy(), ex.loss_mask.numpy().astype(bool)) for ex in tokenize_rows(rows, tokenizer,
                                                                                                eos_token_id=eos)]
 
@@ -58,11 +57,11 @@ def _fit(ctx, nxt) -> dict:
 def slot_baseline(train, held_out, block_size=8, orders=(3, 2, 1)) -> dict:
     """Per proposal slot 1..block_size-1: back-off n-gram top-1 accuracy on `held_out`, and how often each order
     (or the slot's most frequent token, order 0) made the prediction."""
-    longest = max(orders)
     result = {"slots": [], "accuracy": [], "positions": [], "order_share": []}
     for k in range(1, block_size):
-        tables = {n: _fit(*_pairs(train, n, k)) for n in orders}
-        _, train_next = _pairs(train, 1, k)
+        pairs = {n: _pairs(train, n, k) for n in {*orders, 1}}
+        tables = {n: _fit(*pairs[n]) for n in orders}
+        train_next = pairs[1][1]  # every anchor with a label at slot k
         fallback = int(np.bincount(train_next).argmax()) if train_next.size else -1
         hits = total = 0
         used = {n: 0 for n in (*orders, 0)}
@@ -84,7 +83,7 @@ def slot_baseline(train, held_out, block_size=8, orders=(3, 2, 1)) -> dict:
         result["positions"].append(total)
         result["order_share"].append({str(n): round(c / max(1, total), 4) for n, c in used.items()})
         print(f"slot {k}: n-gram top-1 {hits / max(1, total):.3f} over {total} held-out positions "
-              f"(orders used: {result['order_share'][-1]}, longest {longest})", flush=True)
+              f"(orders used: {result['order_share'][-1]})", flush=True)
     return result
 
 
@@ -100,13 +99,14 @@ def main(argv=None) -> dict:
     target, tokenizer = load_target(args.target)  # for its tokenizer and EOS ids only
     eos = eos_token_ids(target, tokenizer)
     train_paths = [p for p in args.train.split(",") if p]
-    train, held = _sequences(train_paths, tokenizer, eos), _sequences([args.held_out], tokenizer, eos)
-    train_ids = {str(r.get("id")) for p in train_paths for r in load_rows(p)} - {"None"}
-    shared = train_ids & {str(r.get("id")) for r in load_rows(args.held_out)}
+    train_rows = [row for path in train_paths for row in load_rows(path)]
+    held_rows = load_rows(args.held_out)
+    shared = ({str(r.get("id")) for r in train_rows} - {"None"}) & {str(r.get("id")) for r in held_rows}
     if shared:
         raise SystemExit(f"{len(shared)} held-out rows are also training rows (e.g. {sorted(shared)[:3]}): "
                          "score on rows the counts never saw.")
     orders = tuple(sorted({int(x) for x in args.orders.split(",")}, reverse=True))
+    train, held = _sequences(train_rows, tokenizer, eos), _sequences(held_rows, tokenizer, eos)
     report = {"target": args.target, "train": train_paths, "held_out": args.held_out, "orders": list(orders),
               "train_rows": len(train), "train_tokens": int(sum(len(ids) for ids, _ in train)),
               "held_out_rows": len(held), **slot_baseline(train, held, args.block_size, orders)}
