@@ -13,8 +13,10 @@ acceptance, per-slot acceptance and the cost of a round.
 
 `--replay`: the T=0 cells come from `dflash-retrace replay` instead of `bench` (the exact rounds greedy generation
 records, from one target forward per turn and each drafter's own forwards; no verify, so ~10x cheaper per variant on
-a CPU, which is what makes the full sets fit; no speedup column, the drafter's cost per round instead). Plain
-generate() outputs are cached in OUT/references.jsonl and shared by every set and rerun.
+a CPU, which is what makes the full sets fit; no speedup column, the drafter's cost per round instead), in
+`--replay-dtype` (fp32 by default). Plain generate() outputs are cached in OUT/references-SET.jsonl (a copy of any
+cache with the same target, dtype and budget can seed it). `--sample-datasets` gives the T > 0 cells, which need
+`bench`, their own (smaller) prompt counts. `--jobs 2` trains two variants (and measures two cells) at a time.
 
 Resumable: a variant whose folder has `summary.json` is not retrained, a bench JSON that exists is not rerun.
 Writes OUT/ablation.json (every figure) and OUT/ablation.png (τ ratios with intervals; per-slot acceptance), and
@@ -23,11 +25,14 @@ prints a Markdown table.
 
 import argparse
 import json
+import os
 import random
+import re
 import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dflash_retrace.evaluation.replay import paired_tau_ratio_interval
@@ -78,27 +83,49 @@ def train(args, name, flags, out):
     return folder
 
 
+def file_name(dataset):
+    """A set name or a path as one file-name part (`humaneval`; `/data/my set.jsonl` -> `data_my_set.jsonl`)."""
+    return re.sub(r"[^\w.-]+", "_", dataset).strip("_")
+
+
 def measure(args, command, folders, dataset, count, path, extra):
     """One `bench` or `replay` run of every variant's drafter (DFlash as --drafter, the rest --compare) on a set."""
     if path.exists():
+        check_cached(path, folders, count, args.max_new_tokens, args.seed)
         return path
     compare = [x for name, folder in folders.items() if name != "dflash" for x in ("--compare", f"{name}={folder}")]
     cmd = [args.cli, command, "--target", args.target, "--drafter", str(folders["dflash"]), *compare,
            "--dataset", dataset, "--max-samples", str(count), "--source-order", "--max-new-tokens",
-           str(args.max_new_tokens), "--seed", str(args.seed), "--dtype", args.dtype, "--no-progress",
-           "--output", str(path), *extra]
-    run(cmd, path.parent / f"{command}.log")
+           str(args.max_new_tokens), "--seed", str(args.seed), "--no-progress", "--output", str(path), *extra]
+    run(cmd, path.parent / f"{command}-{file_name(dataset)}.log")
     return path
 
 
+def check_cached(path, folders, count, max_new_tokens, seed):
+    """A report kept from an earlier run must be of this run's cell: same prompts, budget, seed and drafters."""
+    report = json.loads(path.read_text())
+    config = report["config"]
+    drafters = config.get("drafters") or {"main": config.get("drafter"), **config.get("compare", {})}
+    seed_used = config.get("seed", report.get("environment", {}).get("seed"))  # replay keeps it in environment
+    cached = {"prompts": config.get("max_samples"), "max_new_tokens": config.get("max_new_tokens"), "seed": seed_used,
+              "drafters": sorted(map(str, drafters.values()))}
+    wanted = {"prompts": count, "max_new_tokens": max_new_tokens, "seed": seed,
+              "drafters": sorted(map(str, folders.values()))}
+    if cached != wanted:
+        diff = {k: (cached[k], wanted[k]) for k in wanted if cached[k] != wanted[k]}
+        raise SystemExit(f"{path} is from another run (kept, this run: {diff}); move it away or use another --out")
+
+
 def bench(args, folders, dataset, count, temperature, out):
-    return measure(args, "bench", folders, dataset, count, out / f"bench-{dataset}-T{temperature:g}.json",
-                   ["--temperature", str(temperature)])
+    path = out / f"bench-{file_name(dataset)}-T{temperature:g}.json"
+    return measure(args, "bench", folders, dataset, count, path,
+                   ["--temperature", str(temperature), "--dtype", args.dtype])
 
 
 def replay(args, folders, dataset, count, out):
-    return measure(args, "replay", folders, dataset, count, out / f"replay-{dataset}-T0.json",
-                   ["--references", str(out / "references.jsonl")])
+    name = file_name(dataset)
+    return measure(args, "replay", folders, dataset, count, out / f"replay-{name}-T0.json",
+                   ["--references", str(out / f"references-{name}.jsonl"), "--dtype", args.replay_dtype])
 
 
 def replay_rows(dataset, report, names):
@@ -183,7 +210,7 @@ def plot(rows, names, path):
     import matplotlib.pyplot as plt
 
     cells = sorted({(r["dataset"], r["T"]) for r in rows}, key=lambda c: (c[1], c[0]))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 4.5))
     width = 0.8 / max(1, len(names) - 1)
     others = [n for n in names if n != "dflash"]
     color = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per variant in both panels
@@ -201,15 +228,28 @@ def plot(rows, names, path):
     ax1.set_xticks(range(len(cells)), [f"{d}\nT={t:g}" for d, t in cells])
     ax1.set_ylabel("τ(variant) / τ(DFlash), 95% CI")
     ax1.legend(fontsize=8)
+    curves = {}  # per-slot acceptance at T=0, mean over sets
     for name in names:
         rates = [r["per_slot"] for r in rows if r["variant"] == name and r["T"] == 0 and r["per_slot"]]
         if rates:
             k = min(len(x) for x in rates)
-            ax2.plot(range(1, k + 1), [sum(x[i] for x in rates) / len(rates) for i in range(k)], marker="o",
-                     label=name, color=color[name])
+            curves[name] = [sum(x[i] for x in rates) / len(rates) for i in range(k)]
+            ax2.plot(range(1, k + 1), curves[name], marker="o", label=name, color=color[name])
     ax2.set_xlabel("proposal slot")
     ax2.set_ylabel("acceptance rate (T=0, mean over sets)")
     ax2.legend(fontsize=8)
+    # The differences that decide the ratios are small next to the rates: each variant's curve minus DFlash's, on a
+    # scale linear within ±0.01 (so a tie reads as 0 and a large loss still fits).
+    for name in others:
+        if name in curves and "dflash" in curves:
+            k = min(len(curves[name]), len(curves["dflash"]))
+            ax3.plot(range(1, k + 1), [curves[name][i] - curves["dflash"][i] for i in range(k)], marker="o",
+                     label=name, color=color[name])
+    ax3.axhline(0.0, color="grey", lw=1)
+    ax3.set_yscale("symlog", linthresh=0.01)
+    ax3.set_xlabel("proposal slot")
+    ax3.set_ylabel("acceptance rate minus DFlash's (T=0, mean over sets)")
+    ax3.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -229,9 +269,14 @@ def main(argv=None):
     parser.add_argument("--fusion-layer-ids", default=None, help="layer-wise fusion's target layers (stored ones)")
     parser.add_argument("--kv-layer-ids", default=None, help="KV variants' target layers (l - 1 stored for each l)")
     parser.add_argument("--datasets", default="humaneval:164,mt-bench:80,gsm8k:128", help="set:prompts,...")
+    parser.add_argument("--sample-datasets", default=None,
+                        help="set:prompts,... for the T > 0 cells (default: --datasets); sampled cells need bench")
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help="bench dtype (auto: bf16 on CPUs with bf16 units)")
+    parser.add_argument("--replay-dtype", default="float32", help="replay dtype (fp32: the exact greedy rounds)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="variants trained (and sets measured) at a time, one core each by default")
     parser.add_argument("--replay", action="store_true",
                         help="T=0 cells from `dflash-retrace replay` (exact rounds, no verify, no speedup)")
     parser.add_argument("--cli", default=str(Path(sys.executable).with_name("dflash-retrace")))
@@ -243,16 +288,28 @@ def main(argv=None):
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or "dflash" not in names:
         raise SystemExit(f"--variants must include dflash and name only {sorted(VARIANTS)}; got {names}")
-    folders = {name: train(args, name, variant_flags(args, name), out) for name in names}
-    reports, rows = {}, []
-    for spec in args.datasets.split(","):
-        dataset, _, count = spec.partition(":")
+    if args.jobs > 1:  # one core per job unless the caller chose a thread count
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+    with ThreadPoolExecutor(args.jobs) as pool:  # each job is a `train` / `replay` / `bench` subprocess
+        folders = dict(zip(names, pool.map(lambda name: train(args, name, variant_flags(args, name), out), names)))
+        cells = []  # (dataset, count, temperature): T=0 over --datasets, T>0 over --sample-datasets
         for temperature in (float(t) for t in args.temperatures.split(",")):
+            for spec in (args.datasets if temperature == 0 else args.sample_datasets or args.datasets).split(","):
+                dataset, _, count = spec.partition(":")
+                cells.append((dataset, int(count or 32), temperature))
+
+        def cell(c):
+            dataset, count, temperature = c
             if args.replay and temperature == 0:
-                path = replay(args, folders, dataset, int(count or 32), out)
-                rows += replay_rows(dataset, json.loads(path.read_text()), names)
-                continue
-            path = bench(args, folders, dataset, int(count or 32), temperature, out)
+                return c, replay(args, folders, dataset, count, out)
+            return c, bench(args, folders, dataset, count, temperature, out)
+
+        done = list(pool.map(cell, cells))
+    reports, rows = {}, []
+    for (dataset, _, temperature), path in done:
+        if args.replay and temperature == 0:
+            rows += replay_rows(dataset, json.loads(path.read_text()), names)
+        else:
             reports[(dataset, temperature)] = json.loads(path.read_text())
     rows += table(reports, names)
     summaries = {name: json.loads((folders[name] / "summary.json").read_text()) for name in names}

@@ -339,3 +339,46 @@ def test_retargeting_a_steps_drafter_is_an_error(qwen3_target, live_steps, tmp_p
     with pytest.raises(ValueError, match="cannot be re-targeted"):
         train_drafter(qwen3_target, None, rows, tmp_path / "run", TrainConfig(
             init=str(tmp_path / "init"), block_size=4, max_steps=1, eval_size=0, progress=False))
+
+
+# ------------------------------------------------------- new_weights_lr_scale (the option modules' own lr)
+def test_new_weight_names_are_exactly_what_the_options_add(qwen3_drafter):
+    """`is_new_weight` marks every parameter the options add to a DFlash drafter (ReTrace, steps, layer-wise fusion,
+    hybrid KV attention) and nothing of the backbone."""
+    from dflash_retrace.training.loop import is_new_weight
+
+    plain = {name for name, _ in qwen3_drafter.named_parameters()}
+    full = copy.deepcopy(qwen3_drafter).add_retrace().add_step_embeddings().add_fusion()
+    full.set_context("hybrid")
+    names = {name for name, _ in full.named_parameters()}
+    assert names > plain
+    assert {n for n in names if is_new_weight(n)} == names - plain
+    for prefix in ("retrace.", "steps.", "fusion."):
+        assert any(n.startswith(prefix) for n in names - plain)
+    assert any(".kv." in n for n in names - plain)
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_new_weights_lr_scale_multiplies_only_the_new_weights_step(qwen3_target, qwen3_drafter, train_prompts,
+                                                                    tmp_path, scale):
+    """One AdamW update moves each weight by ~lr (its first step is lr * g/|g|): the step table by lr * scale, the
+    backbone by lr."""
+    qwen3_drafter.save_pretrained(tmp_path / "dflash")
+    rows = [{"input_ids": ids.tolist(), "loss_mask": mask.long().tolist()}
+            for ids, mask in continuations(qwen3_target, train_prompts[:4], 24)]
+    lr = 1e-3
+    config = TrainConfig(init=str(tmp_path / "dflash"), step_embeddings=True, max_steps=1, lr=lr, warmup_ratio=0.0,
+                         weight_decay=0.0, new_weights_lr_scale=scale, max_anchors=8, eval_size=0, progress=False,
+                         checkpoint_every=0)
+    trained = train_drafter(qwen3_target, None, rows, tmp_path / "run", config)
+    table_step = trained.steps.table.detach().float().abs().max().item()
+    assert table_step == pytest.approx(lr * scale, rel=0.02)
+    before = dict(qwen3_drafter.named_parameters())
+    backbone_step = max((p.detach().float() - before[n].detach().float()).abs().max().item()
+                        for n, p in trained.named_parameters() if n in before)
+    assert backbone_step == pytest.approx(lr, rel=0.02)
+
+
+def test_new_weights_lr_scale_must_be_positive():
+    with pytest.raises(ValueError, match="new-weights-lr-scale"):
+        TrainConfig(new_weights_lr_scale=0).resolved()

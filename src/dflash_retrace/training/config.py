@@ -95,6 +95,9 @@ class TrainConfig:
     grad_accum: int = option(1, "micro-batches per optimizer update")
     lr: float | None = option(None, "peak learning rate; " + _per_stage("lr"))
     weight_decay: float = option(0.01, "AdamW weight decay, on matrices only (not norms or biases)")
+    new_weights_lr_scale: float = option(1.0, "learning-rate multiplier for the option modules' weights (ReTrace, "
+                                              "step embeddings, layer-wise fusion, hybrid KV attention): they start "
+                                              "at zero on a trained backbone, so at its low lr they barely move")
     warmup_ratio: float | None = option(None, "warm-up share of the updates; " + _per_stage("warmup_ratio"))
     max_grad_norm: float = option(1.0, "gradient clip")
     gamma: float | None = option(None, "slot-weight decay exp(-(k-1)/gamma) (VAT: exp(-(k-k*)/gamma)); default: 7 "
@@ -146,6 +149,9 @@ class TrainConfig:
                              "add fusion='layerwise' (--fusion layerwise).")
         if not 0.0 <= self.distill <= 1.0:
             raise ValueError(f"distill (--distill) is a weight in [0, 1], got {self.distill}.")
+        if not self.new_weights_lr_scale > 0:
+            raise ValueError(f"new_weights_lr_scale (--new-weights-lr-scale) multiplies the lr of the option modules' "
+                             f"weights: it must be > 0, got {self.new_weights_lr_scale} (1 trains them at --lr).")
         if self.distill and not self.features:
             raise ValueError("distill (--distill) reads the target's top-k logits from a feature store: add --features "
                              "STORE (built with `dflash-retrace features --top-k K`).")

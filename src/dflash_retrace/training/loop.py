@@ -327,13 +327,36 @@ def _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator):
     return dataset, rollout_tau
 
 
+NEW_WEIGHT_MODULES = ("retrace", "steps", "fusion", "kv")  # the zero-initialised option modules a drafter can gain
+
+
+def is_new_weight(name: str) -> bool:
+    """Whether a parameter belongs to an option module (ReTrace, PAD-Rec steps, DFlare fusion, hybrid KV attention):
+    the weights that start at zero on a trained backbone, which `new_weights_lr_scale` trains faster."""
+    return any(part in NEW_WEIGHT_MODULES for part in name.split(".")[:-1])
+
+
+def _param_groups(model, cfg) -> list:
+    """AdamW groups: decay on matrices only (not norms, biases), and the option modules' weights at
+    `lr * new_weights_lr_scale` (each group's `lr_scale`, which the stepper applies to the scheduled lr)."""
+    groups = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        scale = cfg.new_weights_lr_scale if is_new_weight(name) else 1.0
+        key = (param.dim() >= 2, scale)
+        groups.setdefault(key, {"params": [], "weight_decay": cfg.weight_decay if key[0] else 0.0,
+                                "lr_scale": scale})["params"].append(param)
+    # Fixed order (backbone matrices, backbone vectors, then the option modules'), so a checkpoint's optimizer state
+    # resumes into the same groups whatever order the modules register their parameters in.
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[1] != 1.0, not k[0]))]
+
+
 def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attention, held_out=()):
     """AdamW with a cosine schedule until `max_steps` / `epochs`; checkpoints, resume and logging.
     Returns (prepared model, TrainState, updates per epoch, seconds)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in trainable if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]  # no decay on norms, biases
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
     model, optimizer = accelerator.prepare(model, optimizer)
     state = TrainState()
     accelerator.register_for_checkpointing(state)
@@ -416,7 +439,7 @@ class _Stepper:
     def __call__(self, micro_batches, epoch, lr) -> float:
         cfg, acc, device = self.cfg, self.accelerator, self.accelerator.device
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         total, slots = 0.0, 0
         for micro in micro_batches:
             with acc.accumulate(self.model):
