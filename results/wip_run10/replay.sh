@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Held-out selection of run 10's two arms against the committed checkpoint (run 8): exact fp32 replay of the 64
+# held-out prompts (data/smollm2-135m-instruct/held-out-ids.json), 64 new tokens, on cached plain outputs.
+#   HELDOUT=heldout.jsonl REFS=refs.jsonl TOP=run10-top RAND=run10-rand bash replay.sh
+set -eu
+export OMP_NUM_THREADS=1
+dflash-retrace replay --target smollm2-135m-instruct --drafter checkpoints/smollm2-135m-instruct-dflash-b8-wip \
+  --compare top4=${TOP} --compare rand4=${RAND} --dataset ${HELDOUT} --max-samples 64 --source-order \
+  --max-new-tokens 64 --dtype float32 --references ${REFS} --seed 4 --no-progress \
+  --output ${OUTPUT:-results/wip_run10/replay_heldout64_run8_vs_run10.json}
