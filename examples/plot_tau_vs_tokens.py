@@ -19,7 +19,6 @@ import json
 from pathlib import Path
 
 
-
 def _cell(report: dict) -> dict:
     """What must agree between reports: the prompts (by id, in order), the token budget and the temperature."""
     return {"prompts": [p["id"] for p in report["prompts"]], "max_new_tokens": report["config"]["max_new_tokens"],
@@ -51,7 +50,8 @@ def read_points(spec_path: Path) -> list:
                              "budgets do not compare; replay every drafter on the same prompts and budget.")
         m = methods[point["drafter"]]
         points.append({**point, "tau": m["tau_pooled"], "slot1": m["per_slot"]["rate"][0],
-                       "num_rounds": m["num_rounds"]})
+                       "num_rounds": m["num_rounds"], "num_prompts": len(this["prompts"]),
+                       "max_new_tokens": this["max_new_tokens"]})
     return points
 
 
@@ -79,10 +79,8 @@ def main(argv=None):
             for pt in mine:
                 ax.annotate(pt["label"], (pt["slot_tokens"] / 1e6, pt[key]), textcoords="offset points", xytext=(4, 4),
                             fontsize=7)
-    first = json.loads(Path(points[0]["replay"]).read_text())
-    num_prompts, new_tokens = len(first["prompts"]), first["config"]["max_new_tokens"]
     for ax, title in zip(axes, ("exact replayed greedy τ", "slot-1 acceptance")):
-        ax.set_title(f"{title}\n{num_prompts} held-out prompts x {new_tokens} tokens")
+        ax.set_title(f"{title}\n{points[0]['num_prompts']} held-out prompts x {points[0]['max_new_tokens']} tokens")
         ax.set_xlabel("supervised slot-tokens seen (millions)")
         ax.grid(alpha=0.3)
         if any(lineages):
