@@ -22,11 +22,11 @@ PROMPTS = [
     "Explain what a hash table is in two sentences.",
 ]
 NEW_TOKENS = 32
-# Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 2 CPU threads: 1.25 for the ReTrace
-# drafter (72 rounds) and 1.23 for the DFlash drafter (73 rounds) (benchmarks: see the model cards), 1.38 for the
-# work-in-progress draft-vocabulary checkpoint (run 3: 65 rounds, 1 thread; checkpoints/.../README.md). The floor
-# sits below both with margin: drafting must really accept tokens, not just stay above the τ = 1 of no drafting.
-TAU_FLOOR = 1.15
+# Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 1 thread: 1.50 for the ReTrace drafter
+# (60 rounds) and 1.48 for the DFlash drafter (61 rounds; the same weights as the WIP checkpoint, run 8), against
+# 1.25 / 1.23 for the drafters shipped before issue 13 (model cards: the benchmarks). The floor sits below the
+# shipped ones with margin and above the earlier ones: drafting must really accept tokens, at today's level.
+TAU_FLOOR = 1.35
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ def test_shipped_drafter_is_lossless_and_drafts(smollm2, folder):
     drafter = DFlashDrafter.from_pretrained(folder, dtype=torch.float32).eval()
     if folder == RETRACE:
         assert drafter.retrace is not None, "the shipped ReTrace drafter lost its ReTrace weights"
-    if folder == WIP:
-        assert drafter.config.draft_vocab_size == 8192 and drafter.draft_to_target.numel() == 8192
+    # all three propose from the 8,192-token draft vocabulary (the shipped DFlash drafter is the WIP lineage's run 8)
+    assert drafter.config.draft_vocab_size == 8192 and drafter.draft_to_target.numel() == 8192
     lengths = []
     with torch.no_grad():
         for text in PROMPTS:

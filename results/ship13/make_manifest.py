@@ -1,0 +1,55 @@
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 8 and its ReTrace stage).
+
+Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
+or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
+prompt-mix manifests with their 13-word overlap checks against the evaluation sets, and which run used what.
+
+    python results/ship13/make_manifest.py OUT.json
+"""
+
+import gzip
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "smollm2-135m-instruct"
+
+
+def main(out: str) -> None:
+    files = {}
+    for path in sorted(DATA.glob("*.jsonl.gz")):
+        raw = path.read_bytes()
+        files[path.name] = {"sha256": hashlib.sha256(raw).hexdigest(),
+                            "rows": sum(1 for _ in gzip.decompress(raw).splitlines())}
+    manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
+    manifest = {
+        "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
+                       "DFlash drafter is the work-in-progress lineage's run 8 (runs 1-8, ~26.5M supervised "
+                       "slot-tokens), the ReTrace drafter its ReTrace stage",
+        "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
+        "files": files,
+        "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
+        "runs": {
+            "1-3": "store: 1,068 source-text rows (text-rows.manifest.json recipe) + the first 1,088 answers of "
+                   "regen-mix-part00",
+            "4": "store2: regen-mix-part00 rows 1,089-1,663 + regen-mix-part01 rows 1-576",
+            "6": "store2 + store3a (regen-mix-part01 641-1,626 + regen-mix-part02 1-1,408, first 1,197)",
+            "7": "store2, store3a, store3b, store4 (regen-mix-part02 1,409-1,679 + regen-mix-part03): the whole first "
+                 "prompt mix but the held-out split (5,461 answers)",
+            "8": "store3b, store4, store5 (regen-mix1-part00, the second prompt mix): 6,915 answers",
+            "retrace": "248 answers of regen-mix2-part00 (the third prompt mix, never trained on by runs 1-8), "
+                       "prompts rolled out with run 8 (results/ship13/retrace11.sh)",
+        },
+        "eval_overlap_check": "every prompt (and text-row response) sharing a 13-word window with a HumanEval (164), "
+                              "MT-Bench (80) or GSM8K-test (1,319) prompt was dropped when the rows were built; "
+                              "counts in each manifest's eval_overlap_check",
+        "manifests": manifests,
+    }
+    Path(out).write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {out}: {len(files)} data files, {sum(f['rows'] for f in files.values())} rows")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
