@@ -170,7 +170,7 @@ for name, drafter in drafters.items():
         s = drafter.last_stats
         rows.append({"plain": plain[0].tolist(), "out": out[0].tolist(), "acceptance": s.acceptance_lengths,
                      "drafts": s.drafts, "conditioned": s.conditioned_slots})
-generation = sys.modules[type(drafters["dflash"]).__module__.rsplit(".", 1)[0] + ".generation_dflash"]
+generation = sys.modules[type(drafters["dflash"]).__module__.rsplit(".", 1)[0] + ".dispatch_dflash"]
 generation.uninstall_dispatch()
 result["dispatch_before_custom_generate"] = generation.dispatch_enabled()
 for name, drafter in drafters.items():

@@ -53,9 +53,9 @@ def test_proposal_threshold_cuts_where_the_drafter_is_unsure(qwen3_target, draft
 
     seen, original = [], DFlashCandidateGenerator._confident_prefix
 
-    def spy(self, probs, drafts):
-        seen.extend(probs[0].gather(-1, drafts[0, :, None])[:, 0].tolist())
-        return original(self, probs, drafts)
+    def spy(self, confidence):
+        seen.extend(confidence.tolist())
+        return original(self, confidence)
 
     monkeypatch.setattr(DFlashCandidateGenerator, "_confident_prefix", spy)
     rows = train_prompts[:2] + prompts(2, length=5, seed=5)
@@ -74,10 +74,9 @@ def test_proposal_threshold_cuts_where_the_drafter_is_unsure(qwen3_target, draft
     # has a drafter probability below the threshold, slot 1 included (then nothing is proposed).
     gen = DFlashCandidateGenerator.__new__(DFlashCandidateGenerator)
     gen.proposal_threshold = 0.5
-    probs = torch.tensor([[[0.9, 0.1], [0.7, 0.3], [0.2, 0.8]]])
-    assert original(gen, probs, torch.tensor([[0, 1, 1]])) == 1  # slot 2 has 0.3 < 0.5
-    assert original(gen, probs, torch.tensor([[0, 0, 1]])) == 3  # 0.9, 0.7, 0.8: all kept
-    assert original(gen, probs, torch.tensor([[1, 0, 1]])) == 0  # slot 1 (0.1) is unsure: a plain step
+    assert original(gen, torch.tensor([0.9, 0.3, 0.8])) == 1  # slot 2 has 0.3 < 0.5
+    assert original(gen, torch.tensor([0.9, 0.7, 0.8])) == 3  # all kept
+    assert original(gen, torch.tensor([0.1, 0.7, 0.8])) == 0  # slot 1 (0.1) is unsure: a plain step
 
 
 def test_rounds_with_nothing_to_verify_are_counted(qwen3_target, drafter, train_prompts):

@@ -138,9 +138,9 @@ def test_shorter_rounds_sampling_matches_target(peaky_target, peaky_drafter, flo
     rounds = []  # (proposals kept by the threshold, proposals offered)
     original = DFlashCandidateGenerator._confident_prefix
 
-    def record(self, probs, drafts):
-        kept = original(self, probs, drafts)
-        rounds.append((kept, drafts.shape[1]))
+    def record(self, confidence):
+        kept = original(self, confidence)
+        rounds.append((kept, confidence.shape[0]))
         return kept
 
     monkeypatch.setattr(DFlashCandidateGenerator, "_confident_prefix", record)

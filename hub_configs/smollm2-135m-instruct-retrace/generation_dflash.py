@@ -1,4 +1,5 @@
-"""Candidate generator for DFlash (+ReTrace) drafters, and the `generate(assistant_model=drafter)` dispatch.
+"""Candidate generator for DFlash (+ReTrace) drafters (`dispatch_dflash` makes `generate(assistant_model=drafter)`
+run it).
 
 Part of the Hub payload: imports only torch, transformers and sibling modules.
 
@@ -16,17 +17,13 @@ cropping; this generator only proposes. Per round, with the anchor (last committ
    shifted by a + 1 (a accepted) into the next block's slots.
 """
 
-import contextlib
-import contextvars
-import inspect
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 import transformers
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
-from transformers.generation.utils import GenerationMixin
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .kv_dflash import read_target_kv
 
@@ -214,6 +211,14 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.model_kwargs_overrides = {
             "output_hidden_states": sorted(set(wanted)) if _HIDDEN_STATE_INDEX_LISTS and not user_wants_all else True
         }
+        mask = model_kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.all()):
+            # One unpadded sequence: the all-ones mask adds nothing to the causal one the target builds from positions,
+            # but merging it costs every verify forward a mask construction (measured: examples/loop_overhead.py).
+            self.model_kwargs_overrides["attention_mask"] = None
+        # Greedy without logits processors: transformers never reads the proposal distribution, so the drafter's
+        # argmax is taken over its own head (draft vocabulary or not) and no full-vocabulary logits are built.
+        self.greedy_without_logits = not self.do_sample and self.logits_processor is None
 
         param = next(self.drafter.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -277,18 +282,24 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache.crop(self.context_length)  # the block's keys/values never stay
 
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
-        logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
-        probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
-        drafts, logits = self._propose(input_ids, logits)
+        if self.greedy_without_logits:
+            drafts, confidence = self.drafter.greedy_proposals(states, self.lm_head, self.proposal_threshold > 0)
+            drafts, logits = drafts.to(input_ids.device), None
+        else:
+            logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
+            probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
+            drafts, logits = self._propose(input_ids, logits)
+            confidence = None if probs is None else probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
         cut = drafts.shape[1]
-        if probs is not None:
-            cut = self._confident_prefix(probs, drafts)
+        if confidence is not None:
+            cut = self._confident_prefix(confidence)
         draft_list = drafts[0, :cut].tolist()  # the round's host sync (one more under proposal_threshold)
         if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
             cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), cut)
         if self.stopping_criteria:
             cut = self._cut_before_stop(input_ids, drafts, cut)
-        draft_list, drafts, logits, states = draft_list[:cut], drafts[:, :cut], logits[:, :cut], states[:, :cut]
+        draft_list, drafts, states = draft_list[:cut], drafts[:, :cut], states[:, :cut]
+        logits = None if logits is None else logits[:, :cut]
         if cut == 0:  # the first proposal would end generation, or is unsure: the target takes one plain step
             self.memory_source = None
             self._open_round(0, conditioned, [])  # a drafter call with nothing to verify: it commits one token
@@ -305,12 +316,11 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.stats.drafts.append(draft_list)
         self.round_open = True
 
-    def _confident_prefix(self, probs, drafts) -> int:
-        """Proposals to keep under `proposal_threshold`: those before the first slot whose proposal has a drafter
-        probability below it (0 when slot 1 is already unsure: the round is then a plain target step)."""
-        confidence = probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
+    def _confident_prefix(self, confidence) -> int:
+        """Proposals to keep under `proposal_threshold`, given each proposal's drafter probability (K',): those before
+        the first slot below the threshold (0 when slot 1 is already unsure: the round is then a plain target step)."""
         low = (confidence < self.proposal_threshold).nonzero()
-        return int(low[0]) if len(low) else drafts.shape[1]
+        return int(low[0]) if len(low) else confidence.shape[0]
 
     def _cut_before_stop(self, input_ids, drafts, cut):
         """Proposals to keep so that no stopping criterion fires before the last token a round commits.
@@ -392,203 +402,10 @@ def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:
     return False
 
 
-# ------------------------------------------------------------------------------- dispatch
-_MARKER = "_dflash_retrace_dispatch"
-# The stopping criteria of the running `_assisted_decoding` call: transformers builds the candidate generator
-# inside it without passing them on.
-_STOPPING_CRITERIA = contextvars.ContextVar("dflash_retrace_stopping_criteria", default=None)
-
-
-class CriteriaAfterPrompt(StoppingCriteriaList):
-    """A call's stopping criteria, never asked about the bare prompt (plain decoding never asks either).
-
-    transformers 5.15 asks the criteria about each candidate sequence before verifying it, and in the first
-    iteration (zero proposals: the target prefills alone) that is the prompt itself: a criterion firing on the
-    prompt (a stop string the prompt ends with, an exhausted max_time) would end generation with no new token.
-    """
-
-    def __init__(self, criteria, prompt_length: int):
-        super().__init__(criteria)
-        self.prompt_length = prompt_length
-
-    def __call__(self, input_ids, scores, **kwargs):
-        if input_ids.shape[1] <= self.prompt_length:
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        return super().__call__(input_ids, scores, **kwargs)
-
-
-def _check_single_sequence(input_ids):
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DFlash speculative decoding runs one sequence at a time (got batch size {input_ids.shape[0]}). "
-            "Call generate() once per prompt, without padding."
-        )
-
-
-def _check_generation_config(generation_config, drafter):
-    other_assistants = {
-        "prompt_lookup_num_tokens": "prompt lookup decoding",
-        "assistant_early_exit": "early-exit self-speculation",
-        "assistant_ensemble_weight": "ensemble verification (not lossless)",
-    }
-    for name, what in other_assistants.items():
-        if getattr(generation_config, name, None) is not None:
-            raise ValueError(
-                f"`{name}` asks for {what}, which cannot be combined with a DFlash drafter. Drop `{name}` "
-                "(or drop `assistant_model` to use that method instead)."
-            )
-    if getattr(generation_config, "use_mtp", False):
-        raise ValueError("`use_mtp=True` (multi-token prediction) cannot be combined with a DFlash drafter: drop one.")
-    if (generation_config.num_beams or 1) > 1:
-        raise ValueError(
-            f"Beam search (num_beams={generation_config.num_beams}) cannot run with a DFlash drafter: speculative "
-            "decoding verifies a single sequence. Use num_beams=1 (greedy or sampling), or drop `assistant_model`."
-        )
-    if (generation_config.num_return_sequences or 1) > 1:
-        raise ValueError(
-            f"num_return_sequences={generation_config.num_return_sequences} is not supported with a DFlash drafter "
-            "(speculative decoding runs one sequence). Use num_return_sequences=1 and call generate() once per sample."
-        )
-
-
-def install_dispatch() -> None:
-    """Makes `generate(assistant_model=<DFlash drafter>)` use the drafter's own candidate generator.
-
-    Idempotent across repeated imports (the library and any number of remote-code copies): the first
-    install wraps transformers' methods once; each drafter then builds the generator its own code
-    ships (`drafter.make_candidate_generator`). Every other assistant takes transformers' normal path.
-    """
-    current = GenerationMixin._get_candidate_generator
-    if getattr(current, _MARKER, False):
-        return
-    original = current
-    signature = inspect.signature(original)
-
-    def _get_candidate_generator(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        assistant = bound.arguments.get("assistant_model")
-        drafter = _unwrap(assistant)
-        config = bound.arguments["generation_config"]
-        if drafter is not None and getattr(config, "speculation_type", None) == "dflash":
-            drafter.last_stats = None  # transformers' own generator runs: no statistics from this call
-        if drafter is not None and _get_candidate_generator.enabled:
-            if getattr(config, "speculation_type", None) == "dflash":
-                if getattr(drafter.config, "context", "hidden") != "hidden":
-                    raise ValueError(
-                        f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
-                        f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
-                        "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
-                if getattr(drafter, "draft_to_target", None) is not None:
-                    warnings.warn(
-                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which scores the "
-                        "proposals with the target's full LM head: this drafter's draft vocabulary "
-                        f"({drafter.config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
-                        "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
-                        stacklevel=4,
-                    )
-                if drafter.retrace is not None:
-                    warnings.warn(
-                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "
-                        "ReTrace memory: this ReTrace drafter runs as plain DFlash. Drop speculation_type to use ReTrace.",
-                        stacklevel=4,
-                    )
-                return original(self, *args, **kwargs)
-            _check_single_sequence(bound.arguments["input_ids"])
-            _check_generation_config(config, drafter)
-            extra = {}
-            if "stopping_criteria" in inspect.signature(drafter.make_candidate_generator).parameters:
-                extra["stopping_criteria"] = _STOPPING_CRITERIA.get()  # (a drafter saved by an older payload: none)
-            return drafter.make_candidate_generator(self, config, bound.arguments["logits_processor"],
-                                                    bound.arguments["model_kwargs"], **extra)
-        return original(self, *args, **kwargs)
-
-    _get_candidate_generator.enabled = True
-    _get_candidate_generator.original = original
-    setattr(_get_candidate_generator, _MARKER, True)
-    GenerationMixin._get_candidate_generator = _get_candidate_generator
-
-    # Runs before transformers' own checks: beam search with an assistant would otherwise run silently
-    # without it (a log warning only), and a vocabulary mismatch would get a message about tokenizers.
-    original_validate = GenerationMixin._validate_generation_mode
-    validate_signature = inspect.signature(original_validate)
-
-    def _validate_generation_mode(self, *args, **kwargs):
-        bound = validate_signature.bind(self, *args, **kwargs)
-        drafter = _unwrap((bound.arguments.get("generation_mode_kwargs") or {}).get("assistant_model"))
-        if drafter is not None and _get_candidate_generator.enabled:
-            _check_generation_config(bound.arguments["generation_config"], drafter)
-            drafter.check_target(self)
-        return original_validate(self, *args, **kwargs)
-
-    _validate_generation_mode.original = original_validate
-    setattr(_validate_generation_mode, _MARKER, True)
-    GenerationMixin._validate_generation_mode = _validate_generation_mode
-
-    _install_criteria_handoff(_get_candidate_generator)
-
-
-def _install_criteria_handoff(dispatch) -> None:
-    """Wraps `_assisted_decoding` so that the call's stopping criteria reach the candidate generator built inside
-    it (see `_STOPPING_CRITERIA`) while `dispatch` (the wrapped `_get_candidate_generator`) is enabled."""
-    original = GenerationMixin._assisted_decoding
-    signature = inspect.signature(original)
-
-    def _assisted_decoding(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        arguments = bound.arguments
-        ours = (_unwrap(arguments.get("assistant_model")) is not None and dispatch.enabled
-                and getattr(arguments["generation_config"], "speculation_type", None) != "dflash")
-        if not ours or arguments.get("stopping_criteria") is None:
-            return original(self, *args, **kwargs)
-        criteria = arguments["stopping_criteria"] = CriteriaAfterPrompt(
-            arguments["stopping_criteria"], arguments["input_ids"].shape[1])
-        token = _STOPPING_CRITERIA.set(criteria)
-        try:
-            return original(*bound.args, **bound.kwargs)
-        finally:
-            _STOPPING_CRITERIA.reset(token)
-
-    _assisted_decoding.original = original
-    setattr(_assisted_decoding, _MARKER, True)
-    GenerationMixin._assisted_decoding = _assisted_decoding
-
-
-def uninstall_dispatch() -> None:
-    """Restores transformers' own methods: DFlash drafters then only run via `speculation_type="dflash"`."""
-    for name in ("_get_candidate_generator", "_validate_generation_mode", "_assisted_decoding"):
-        current = getattr(GenerationMixin, name)
-        if getattr(current, _MARKER, False):
-            setattr(GenerationMixin, name, current.original)
-
-
-def dispatch_enabled() -> bool:
-    current = GenerationMixin._get_candidate_generator
-    return bool(getattr(current, _MARKER, False) and current.enabled)
-
-
-@contextlib.contextmanager
-def no_dispatch():
-    """Within this block `generate(assistant_model=drafter)` takes transformers' normal path (opt-out)."""
-    current = GenerationMixin._get_candidate_generator
-    installed = getattr(current, _MARKER, False)
-    previous = current.enabled if installed else None
-    if installed:
-        current.enabled = False
-    try:
-        yield
-    finally:
-        if installed:
-            current.enabled = previous
-
-
 __all__ = [
     "DFlashCandidateGenerator",
     "DFlashContextCache",
     "DFlashStats",
     "ReTraceMemory",
-    "install_dispatch",
-    "uninstall_dispatch",
-    "no_dispatch",
-    "dispatch_enabled",
     "check_transformers_version",
 ]

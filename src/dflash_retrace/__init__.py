@@ -4,14 +4,8 @@ Importing the package installs the `generate(assistant_model=drafter)` dispatch.
 """
 
 from .configuration_dflash import DFlashConfig, default_target_layer_ids
-from .generation_dflash import (
-    DFlashCandidateGenerator,
-    DFlashStats,
-    dispatch_enabled,
-    install_dispatch,
-    no_dispatch,
-    uninstall_dispatch,
-)
+from .dispatch_dflash import dispatch_enabled, install_dispatch, no_dispatch, uninstall_dispatch
+from .generation_dflash import DFlashCandidateGenerator, DFlashStats
 from .modeling_dflash import DFlashDrafter, ReTraceMemory
 
 __version__ = "0.1.0"

@@ -28,14 +28,12 @@ from .configuration_dflash import (
     default_target_layer_ids,
 )
 from .fusion_dflash import LayerwiseFusion, resolve_fusion_layer_ids
+from .dispatch_dflash import _check_generation_config, _check_single_sequence, install_dispatch
 from .generation_dflash import (
     DFlashCandidateGenerator,
     DFlashContextCache,
     DFlashStats,
     ReTraceMemory,
-    _check_generation_config,
-    _check_single_sequence,
-    install_dispatch,
 )
 from .layers_dflash import (  # noqa: F401  (re-exported: the building blocks were defined here before)
     ATTENTION_FUNCTIONS,
@@ -115,6 +113,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
                              torch.arange(config.draft_vocab_size, dtype=torch.long))
         self._head_rows = None  # (key, rows of the target's LM head for the draft vocabulary)
+        self._draft_order = None  # (key, argsort of draft_to_target, draft_to_target sorted): greedy_proposals
         self.last_stats: DFlashStats | None = None
         self.post_init()
 
@@ -366,6 +365,27 @@ class DFlashDrafter(DFlashPreTrainedModel):
         full = logits.new_full((*logits.shape[:-1], lm_head.weight.shape[0]), float("-inf"))
         return full.index_copy_(full.dim() - 1, self.draft_to_target.to(logits.device), logits)
 
+    def greedy_proposals(self, hidden_states: torch.Tensor, lm_head: nn.Module, with_confidence: bool = False) -> tuple:
+        """(argmax proposals as target token ids (b, k), each proposal's drafter probability (k,) for the first
+        sequence if `with_confidence`, else None), without building full-vocabulary logits.
+
+        The same tokens as `compute_logits(...).argmax(-1)`: with a draft vocabulary the argmax runs over the draft
+        logits in ascending target-id order, so ties go to the lowest target id as they do over the full logits."""
+        logits = self.compute_draft_logits(hidden_states, lm_head)
+        if self.draft_to_target is not None:
+            key = (self.draft_to_target.data_ptr(), self.draft_to_target._version, logits.device,
+                   torch.is_inference_mode_enabled())
+            if self._draft_order is None or self._draft_order[0] != key:
+                sorted_ids, order = self.draft_to_target.sort()
+                self._draft_order = (key, order.to(logits.device), sorted_ids.to(logits.device))
+            logits = logits.index_select(-1, self._draft_order[1])
+        chosen = logits.argmax(dim=-1)
+        ids = chosen if self.draft_to_target is None else self._draft_order[2][chosen]
+        confidence = None
+        if with_confidence:
+            confidence = logits[0].float().softmax(dim=-1).gather(-1, chosen[0, :, None])[:, 0]
+        return ids, confidence
+
     def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
@@ -373,7 +393,9 @@ class DFlashDrafter(DFlashPreTrainedModel):
         if self.draft_to_target is None:
             logits = lm_head(hidden_states)
         else:  # the draft vocabulary's rows of the target's head, cached while the head is unchanged
-            key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr())
+            # (rows gathered under generate()'s inference mode cannot enter autograd: the mode is part of the key)
+            key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr(),
+                   torch.is_inference_mode_enabled())
             if self._head_rows is None or self._head_rows[0] != key:
                 ids = self.draft_to_target.to(weight.device)
                 self._head_rows = (key, weight.detach()[ids], None if bias is None else bias.detach()[ids])

@@ -35,7 +35,7 @@ class _RecordingGenerator(DFlashCandidateGenerator):
     def get_candidates(self, input_ids, *args, **kwargs):
         self._entered = None
         candidates, logits = super().get_candidates(input_ids, *args, **kwargs)
-        if logits is not None:  # a round with proposals (None: the target takes a plain step)
+        if candidates.shape[1] > input_ids.shape[1]:  # a round with proposals (else the target takes a plain step)
             memory = self._entered
             if memory is not None:
                 memory = ReTraceMemory(*(t.detach().cpu() for t in

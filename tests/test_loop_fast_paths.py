@@ -1,0 +1,115 @@
+"""The per-round shortcuts of `generate(assistant_model=drafter)` (see examples/loop_overhead.py) change no token:
+greedy proposals without full-vocabulary logits, the verify forward without an all-ones attention mask, and the loop
+under inference mode, whose outputs come back as ordinary tensors (fp32, tiny models)."""
+
+import pytest
+import torch
+
+from dflash_retrace import DFlashDrafter
+from dflash_retrace.generation_dflash import DFlashCandidateGenerator
+from dflash_retrace.training.objective import dflash_block_loss, sample_anchors
+from tiny import VOCAB, continuations, prompts
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_greedy_proposals_are_the_full_logits_argmax_with_ties_to_the_lowest_id(qwen3_target, draft_vocab):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4).eval()
+    head = torch.nn.Linear(64, VOCAB, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(qwen3_target.lm_head.weight)
+        head.weight[50] = head.weight[7]  # tokens 7 and 50 always tie; 7 is the lower id
+        head.weight[[7, 50]] *= 40.0  # and win the argmax for most states
+    if draft_vocab:  # a draft order that lists 50 before 7: the tie must still go to 7, as over the full logits
+        drafter.set_draft_vocabulary([50, 3, 90, 7, 11, 64, 5])
+    hidden = torch.randn(1, 32, 64)
+    with torch.no_grad():
+        full = drafter.compute_logits(hidden, head)
+        ids, confidence = drafter.greedy_proposals(hidden, head, with_confidence=True)
+    expected = full.argmax(dim=-1)
+    assert torch.equal(ids, expected)
+    assert (ids == 7).sum() > 8 and not (ids == 50).any()  # the tie was exercised
+    assert torch.allclose(confidence, full[0].softmax(-1).gather(-1, expected[0, :, None])[:, 0], atol=1e-6)
+    assert drafter.greedy_proposals(hidden, head)[1] is None
+
+
+def test_greedy_rounds_hand_no_logits_to_transformers(qwen3_target, qwen3_drafter, monkeypatch):
+    """Greedy without processors: no candidate logits (transformers reads them only to sample); with a processor
+    the logits the proposals came from still go back."""
+    returned = []
+    original = DFlashCandidateGenerator.get_candidates
+
+    def spy(self, *args, **kwargs):
+        ids, logits = original(self, *args, **kwargs)
+        if ids.shape[1] > args[0].shape[1]:
+            returned.append(logits)
+        return ids, logits
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", spy)
+    prompt = prompts(1, seed=3)[0]
+    qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=24)
+    assert returned and all(logits is None for logits in returned)
+    returned.clear()
+    ref = qwen3_target.generate(prompt, do_sample=False, max_new_tokens=24, repetition_penalty=1.3)
+    out = qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=24,
+                                repetition_penalty=1.3)
+    assert torch.equal(ref, out)
+    assert returned and all(logits is not None and logits.shape[-1] == VOCAB for logits in returned)
+
+
+def test_a_padded_prompt_keeps_its_mask(qwen3_target, qwen3_drafter, monkeypatch):
+    """Only an all-ones mask is dropped from the verify forward: a left-padded prompt keeps its own and its output
+    still equals plain generate() with the same mask."""
+    masks = []
+    forward = qwen3_target.forward
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attention_mask"))
+        return forward(*args, **kwargs)
+
+    prompt = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompts(1, seed=4)[0]], dim=1)
+    mask = torch.ones_like(prompt)
+    mask[:, :3] = 0
+    ref = qwen3_target.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    monkeypatch.setattr(qwen3_target, "forward", spy)
+    out = qwen3_target.generate(prompt, attention_mask=mask, assistant_model=qwen3_drafter, do_sample=False,
+                                max_new_tokens=30)
+    assert torch.equal(ref, out)
+    assert masks and all(m is not None and not bool(m.all()) for m in masks)
+    masks.clear()
+    qwen3_target.generate(prompt[:, 3:], attention_mask=mask[:, 3:], assistant_model=qwen3_drafter,
+                          do_sample=False, max_new_tokens=30)
+    assert masks and all(m is None for m in masks)
+
+
+def test_outputs_are_ordinary_tensors(qwen3_target, qwen3_drafter):
+    """The loop runs under inference mode; nothing it returns is an inference tensor, so callers can write into the
+    output and use it in autograd (here: embed the generated ids and backpropagate)."""
+    prompt = prompts(1, seed=5)[0]
+    out = qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=20)
+    assert not out.is_inference()
+    out[0, -1] = 0  # an in-place write (raises on an inference tensor)
+    rich = qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=20,
+                                 return_dict_in_generate=True, output_scores=True, output_logits=True)
+    tensors = [rich.sequences, *rich.scores, *rich.logits]
+    assert not any(t.is_inference() for t in tensors)
+    weight = torch.nn.Parameter(torch.randn(VOCAB, 4))
+    torch.nn.functional.embedding(rich.sequences, weight).sum().backward()
+    assert weight.grad is not None
+
+
+def test_a_draft_vocabulary_drafter_trains_after_generating(qwen3_target, train_prompts):
+    """The draft vocabulary's head rows are cached per mode: rows gathered under generate()'s inference mode are not
+    reused by a training step (which would raise 'Inference tensors cannot be saved for backward')."""
+    rows = continuations(qwen3_target, train_prompts[:2], new_tokens=24)
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4)
+    drafter.set_draft_vocabulary(list(range(VOCAB - 30, VOCAB)) + [2])
+    drafter.eval()
+    qwen3_target.generate(prompts(1, seed=6)[0], assistant_model=drafter, do_sample=False, max_new_tokens=12)
+    drafter.train()
+    for p in qwen3_target.parameters():
+        p.requires_grad_(False)
+    ids, mask = rows[0]
+    loss, _ = dflash_block_loss(drafter, qwen3_target, ids, mask, sample_anchors(mask, 4))
+    loss.backward()
+    assert drafter.fc.weight.grad is not None and torch.isfinite(drafter.fc.weight.grad).all()
