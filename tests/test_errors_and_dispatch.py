@@ -200,3 +200,14 @@ def test_config_top_level_edits_survive_save(tmp_path):
     assert reloaded.mask_token_id == 7 and reloaded.to_dict()["dflash_config"]["mask_token_id"] == 7
     zlab = DFlashConfig(dflash_config={"mask_token_id": 5, "target_layer_ids": [3]}, block_size=8)
     assert (zlab.mask_token_id, zlab.target_layer_ids, zlab.block_size) == (5, [3], 8)
+
+
+def test_dispatch_names_still_import_from_generation_dflash_with_a_warning():
+    """The dispatch moved to `dispatch_dflash`; the old `generation_dflash` names resolve to it, with a FutureWarning."""
+    from dflash_retrace import dispatch_dflash, generation_dflash
+
+    for name in ("install_dispatch", "uninstall_dispatch", "no_dispatch", "dispatch_enabled"):
+        with pytest.warns(FutureWarning, match=f"dispatch_dflash.{name}"):
+            assert getattr(generation_dflash, name) is getattr(dispatch_dflash, name)
+    with pytest.raises(AttributeError):
+        generation_dflash.not_a_name  # noqa: B018

@@ -402,6 +402,18 @@ def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:
     return False
 
 
+_MOVED_TO_DISPATCH = {"install_dispatch", "uninstall_dispatch", "no_dispatch", "dispatch_enabled", "CriteriaAfterPrompt"}
+
+
+def __getattr__(name):  # the dispatch lived here before `dispatch_dflash`: old imports keep working, with a warning
+    if name in _MOVED_TO_DISPATCH:
+        warnings.warn(f"`generation_dflash.{name}` moved to `dispatch_dflash.{name}` (or import it from the package).",
+                      FutureWarning, stacklevel=2)
+        from . import dispatch_dflash
+
+        return getattr(dispatch_dflash, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "DFlashCandidateGenerator",
     "DFlashContextCache",
