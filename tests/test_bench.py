@@ -17,6 +17,7 @@ from dflash_retrace.evaluation.metrics import (
     acceptance_histogram,
     agreement,
     merge_suffix_matches,
+    paired_ratio_interval,
     per_slot_acceptance,
     rejected_suffix_matches,
     summarize_rounds,
@@ -387,8 +388,32 @@ def test_bench_baselines(tiny_assets, tmp_path):
         assert sum(same) >= len(rows) - 1, (name, [(r["id"], r["methods"]["speculative"]["acceptance_lengths"],
                                                     r["methods"][name]["acceptance_lengths"]) for r in rows])
     overhead = report["summary"]["overhead"]
-    assert overhead["speculative_vs_zlab_reference"]["time_ratio"] > 0
-    assert "overhead speculative_vs_zlab_reference" in format_report(report)
+    ours = overhead["speculative_vs_zlab_reference"]
+    assert ours["time_ratio"] > 0
+    for key in ("time_ratio", "round_time_ratio"):  # the point estimate lies inside its own bootstrap interval
+        low, high = ours[f"{key}_ci95"]
+        assert low <= ours[key] <= high, (key, ours)
+    text = format_report(report)
+    assert "overhead speculative_vs_zlab_reference" in text
+    assert f"per round {ours['round_time_ratio']:.3f} [{ours['round_time_ratio_ci95'][0]:.3f}," in text
+
+
+def test_paired_ratio_interval():
+    """(Σa/Σb)/(Σc/Σd) over resampled prompts: exact when every prompt has the same ratio, paired (the same prompts
+    for both sides), and bracketing the pooled ratio when prompts disagree."""
+    assert paired_ratio_interval([]) is None and paired_ratio_interval([(1.0, 0, 1.0, 1)]) is None
+    same = [(2.0 * t, r, t, r) for t, r in [(1.0, 3), (5.0, 10), (0.5, 1)]]
+    assert paired_ratio_interval(same) == pytest.approx([2.0, 2.0])
+    # Per round: each side's time is pooled over its own rounds (the same cost per round gives 1 however the
+    # rounds differ between prompts), and a side that needs twice the rounds at the same total time costs half.
+    assert paired_ratio_interval([(1.0, 1, 1.0, 1), (8.0, 4, 8.0, 4)]) == pytest.approx([1.0, 1.0])
+    assert paired_ratio_interval([(2.0, 2, 2.0, 1), (6.0, 6, 6.0, 3)]) == pytest.approx([0.5, 0.5])
+    # Paired: one fast and one slow prompt scale both methods alike, so the interval stays at 1.1 exactly.
+    assert paired_ratio_interval([(1.1, 1, 1.0, 1), (110.0, 1, 100.0, 1)]) == pytest.approx([1.1, 1.1])
+    mixed = [(1.0 + 0.1 * (i % 3), 1, 1.0, 1) for i in range(30)]
+    low, high = paired_ratio_interval(mixed)
+    pooled = sum(r[0] for r in mixed) / len(mixed)
+    assert 1.0 < low < pooled < high < 1.2
 
 
 def test_bench_baselines_skip_the_reference_for_a_drafter_it_cannot_hold(tiny_assets):

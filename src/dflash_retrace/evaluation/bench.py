@@ -41,8 +41,8 @@ from ..config_cli import add_config_arguments, config_from_args, option
 from ..prompts import load_prompts
 from ..runtime import INFERENCE_DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
 from .methods import BUILTIN, PLAIN, REFERENCE, SPECULATIVE, Methods, clock
-from .metrics import (agreement, merge_suffix_matches, rejected_suffix_matches, speedup_bound_fault, spread,
-                      summarize_rounds)
+from .metrics import (agreement, merge_suffix_matches, paired_ratio_interval, rejected_suffix_matches,
+                      speedup_bound_fault, spread, summarize_rounds)
 from .report import format_report, plot_results
 
 __all__ = ["BenchConfig", "MeasureOptions", "register_cli", "run_benchmark"]
@@ -71,6 +71,9 @@ DEFINITIONS = {
                          "commits at most tau tokens for at least one plain decode step's cost: a timing fault",
     "agreement": "exact_rate: prompts whose tokens equal plain's; prefix_rate: tokens before the first divergence "
                  "/ tokens of the longer output, pooled",
+    "overhead": "our generator against z-lab's loop / transformers' built-in path on the prompts both completed: "
+                "time_ratio (end to end), decode_time_ratio, round_time_ratio (decode seconds per round), each "
+                "*_ci95 a 95% paired-bootstrap interval over prompts",
     "multi_turn": "later turns are rendered with plain generate's earlier answers, so every method sees the same ids",
 }
 
@@ -311,6 +314,11 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
             "time_ratio": _ratio(_sum(both, SPECULATIVE, "total_s"), _sum(both, name, "total_s")),
             "decode_time_ratio": _ratio(_sum(both, SPECULATIVE, "decode_s"), _sum(both, name, "decode_s")),
             "round_time_ratio": _ratio(ours_round_s or 0.0, their_round_s or 0.0),
+            "time_ratio_ci95": paired_ratio_interval([(m[SPECULATIVE]["total_s"], 1, m[name]["total_s"], 1)
+                                                      for m in (p["methods"] for p in both)]),
+            "round_time_ratio_ci95": paired_ratio_interval([(m[SPECULATIVE]["decode_s"], m[SPECULATIVE]["rounds"],
+                                                             m[name]["decode_s"], m[name]["rounds"])
+                                                            for m in (p["methods"] for p in both)]),
             "same_acceptance_lengths": all(p["methods"][SPECULATIVE]["acceptance_lengths"] ==
                                            p["methods"][name]["acceptance_lengths"] for p in both),
         }

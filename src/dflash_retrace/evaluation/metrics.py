@@ -10,6 +10,7 @@ A run's log is one list of rounds per prompt: `acceptance_lengths[p][r]`, `num_p
 from __future__ import annotations
 
 import math
+import random
 
 from ..runtime import speedup_bound_fault  # shared with the demo (a command of its own)
 
@@ -18,6 +19,7 @@ __all__ = [
     "agreement",
     "check_rounds",
     "merge_suffix_matches",
+    "paired_ratio_interval",
     "per_slot_acceptance",
     "rejected_suffix_matches",
     "speedup_bound_fault",
@@ -147,6 +149,24 @@ def spread(values: list) -> dict | None:
     median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
     return {"min": values[0], "median": median, "max": values[-1], "n": len(values)}
 
+
+
+def paired_ratio_interval(rows: list, reps: int = 2000, seed: int = 0) -> list | None:
+    """95% paired-bootstrap interval over prompts of (Σa/Σb) / (Σc/Σd), from per-prompt rows (a, b, c, d).
+
+    E.g. a round-time ratio: (our decode seconds, our rounds, their decode seconds, their rounds) per prompt; for a
+    plain time ratio pass b = d = 1. Both methods keep the same resampled prompts (None without usable rows)."""
+    rows = [r for r in rows if r[1] and r[3] and r[2]]
+    if not rows:
+        return None
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(reps):
+        sample = [rows[rng.randrange(len(rows))] for _ in rows]
+        a, b, c, d = (sum(r[i] for r in sample) for i in range(4))
+        draws.append((a / b) / (c / d))
+    draws.sort()
+    return [draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]]
 
 SUFFIX_SHIFTS = (-1, 0, 1)
 

@@ -13,6 +13,10 @@ def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _interval(bounds) -> str:
+    return "" if bounds is None else f" [{bounds[0]:.3f}, {bounds[1]:.3f}]"
+
+
 def format_report(report: dict) -> str:
     """The compact terminal table (and the lines under it) for a report from `run_benchmark`."""
     config, summary = report["config"], report["summary"]
@@ -72,9 +76,11 @@ def format_report(report: dict) -> str:
     for label, name in config.get("compare", {}).items():
         lines.append(f"{SPECULATIVE}:{label} = {name}")
     for key, o in summary["overhead"].items():
-        lines.append(f"overhead {key}: end-to-end time ratio {_fmt(o['time_ratio'], '.3f')}, decode "
-                     f"{_fmt(o['decode_time_ratio'], '.3f')}, per round {_fmt(o['round_time_ratio'], '.3f')} "
-                     f"over {o['num_prompts']} prompts; same acceptance lengths: {o['same_acceptance_lengths']}")
+        lines.append(f"overhead {key}: end-to-end time ratio {_fmt(o['time_ratio'], '.3f')}"
+                     f"{_interval(o.get('time_ratio_ci95'))}, decode {_fmt(o['decode_time_ratio'], '.3f')}, per round "
+                     f"{_fmt(o['round_time_ratio'], '.3f')}{_interval(o.get('round_time_ratio_ci95'))} over "
+                     f"{o['num_prompts']} prompts (95% paired bootstrap); same acceptance lengths: "
+                     f"{o['same_acceptance_lengths']}")
     errors = [(p["id"], name, m["error"]) for p in report["prompts"] for name, m in p["methods"].items() if m["error"]]
     if errors:
         lines.append(f"ERRORS ({len(errors)}):")
