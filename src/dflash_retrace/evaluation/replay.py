@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from ..config_cli import add_config_arguments, config_from_args, option
 from ..prompts import load_prompts
 from ..runtime import encode_messages, environment, eos_token_ids
 from .bench import BenchConfig, MeasureOptions, _finite, _load
-from .metrics import summarize_rounds
+from .metrics import paired_ratio_interval, summarize_rounds
 
 __all__ = ["ReplayConfig", "paired_tau_ratio_interval", "replay_turn", "run_replay"]
 
@@ -217,18 +216,7 @@ def paired_tau_ratio_interval(num: list, den: list, reps: int = 2000, seed: int 
     """95% paired-bootstrap interval over prompts of τ_num / τ_den, each τ pooled over the resampled prompts.
 
     `num`, `den`: per prompt, the list of acceptance lengths of each drafter (same prompts, same order)."""
-    pairs = [(a, b) for a, b in zip(num, den) if a and b]
-    if not pairs:
-        return None
-    rng = random.Random(seed)
-    draws = []
-    for _ in range(reps):
-        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ta = sum(sum(a) for a, _ in sample) / sum(len(a) for a, _ in sample)
-        tb = sum(sum(b) for _, b in sample) / sum(len(b) for _, b in sample)
-        draws.append(ta / tb)
-    draws.sort()
-    return [draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]]
+    return paired_ratio_interval([(sum(a), len(a), sum(b), len(b)) for a, b in zip(num, den) if a and b], reps, seed)
 
 
 def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
