@@ -113,3 +113,16 @@ def test_a_draft_vocabulary_drafter_trains_after_generating(qwen3_target, train_
     loss, _ = dflash_block_loss(drafter, qwen3_target, ids, mask, sample_anchors(mask, 4))
     loss.backward()
     assert drafter.fc.weight.grad is not None and torch.isfinite(drafter.fc.weight.grad).all()
+
+
+def test_the_returned_cache_extends_in_a_plain_generate(qwen3_target, qwen3_drafter):
+    """The cache that generate(assistant_model=...) returns was filled under inference mode (README: a dynamic cache
+    extends as usual): a plain generate() that continues from it gives the tokens of one that starts afresh."""
+    prompt = prompts(1, seed=7)[0]
+    first = qwen3_target.generate(prompt, assistant_model=qwen3_drafter, do_sample=False, max_new_tokens=15,
+                                  return_dict_in_generate=True)
+    assert first.past_key_values is not None
+    continued = qwen3_target.generate(first.sequences, past_key_values=first.past_key_values, do_sample=False,
+                                      max_new_tokens=10)
+    fresh = qwen3_target.generate(first.sequences, do_sample=False, max_new_tokens=10)
+    assert torch.equal(continued, fresh)
