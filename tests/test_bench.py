@@ -402,6 +402,9 @@ def test_paired_ratio_interval():
     """(Σa/Σb)/(Σc/Σd) over resampled prompts: exact when every prompt has the same ratio, paired (the same prompts
     for both sides), and bracketing the pooled ratio when prompts disagree."""
     assert paired_ratio_interval([]) is None and paired_ratio_interval([(1.0, 0, 1.0, 1)]) is None
+    # Every prompt counts, as in the point estimate: one whose rounds are all plain steps (0 rounds) still adds its
+    # time to ours, (1 + 2) / 2 over 2 / 2 = 1.5 (draws of that prompt alone have no rounds and are skipped).
+    assert paired_ratio_interval([(1.0, 0, 0.0, 0), (2.0, 2, 2.0, 2)]) == pytest.approx([1.0, 1.5])
     same = [(2.0 * t, r, t, r) for t, r in [(1.0, 3), (5.0, 10), (0.5, 1)]]
     assert paired_ratio_interval(same) == pytest.approx([2.0, 2.0])
     # Per round: each side's time is pooled over its own rounds (the same cost per round gives 1 however the

@@ -2,13 +2,15 @@
 greedy proposals without full-vocabulary logits, the verify forward without an all-ones attention mask, and the loop
 under inference mode, whose outputs come back as ordinary tensors (fp32, tiny models)."""
 
+import contextlib
+
 import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.generation_dflash import DFlashCandidateGenerator
 from dflash_retrace.training.objective import dflash_block_loss, sample_anchors
-from tiny import VOCAB, continuations, prompts
+from tiny import VOCAB, continuations, prompts, tiny_target
 
 
 @pytest.mark.parametrize("draft_vocab", [False, True])
@@ -57,29 +59,36 @@ def test_greedy_rounds_hand_no_logits_to_transformers(qwen3_target, qwen3_drafte
     assert returned and all(logits is not None and logits.shape[-1] == VOCAB for logits in returned)
 
 
-def test_a_padded_prompt_keeps_its_mask(qwen3_target, qwen3_drafter, monkeypatch):
+def test_a_padded_prompt_keeps_its_mask(qwen3_target, qwen3_drafter):
     """Only an all-ones mask is dropped from the verify forward: a left-padded prompt keeps its own and its output
     still equals plain generate() with the same mask."""
-    masks = []
-    forward = qwen3_target.forward
-
-    def spy(*args, **kwargs):
-        masks.append(kwargs.get("attention_mask"))
-        return forward(*args, **kwargs)
-
     prompt = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompts(1, seed=4)[0]], dim=1)
     mask = torch.ones_like(prompt)
     mask[:, :3] = 0
     ref = qwen3_target.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=30)
-    monkeypatch.setattr(qwen3_target, "forward", spy)
-    out = qwen3_target.generate(prompt, attention_mask=mask, assistant_model=qwen3_drafter, do_sample=False,
-                                max_new_tokens=30)
+    with recorded_masks(qwen3_target) as masks:
+        out = qwen3_target.generate(prompt, attention_mask=mask, assistant_model=qwen3_drafter, do_sample=False,
+                                    max_new_tokens=30)
     assert torch.equal(ref, out)
     assert masks and all(m is not None and not bool(m.all()) for m in masks)
-    masks.clear()
-    qwen3_target.generate(prompt[:, 3:], attention_mask=mask[:, 3:], assistant_model=qwen3_drafter,
-                          do_sample=False, max_new_tokens=30)
+    # Unpadded: no mask reaches the verify forwards (transformers >= 5.24 drops it itself; below, the generator does).
+    with recorded_masks(qwen3_target) as masks:
+        qwen3_target.generate(prompt[:, 3:], attention_mask=mask[:, 3:], assistant_model=qwen3_drafter,
+                              do_sample=False, max_new_tokens=30)
     assert masks and all(m is None for m in masks)
+
+
+@contextlib.contextmanager
+def recorded_masks(model):
+    """The `attention_mask` of every forward of `model` within the block (None where none was passed). A forward
+    pre-hook: replacing `forward` would change its signature, which generate() inspects."""
+    masks = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
+                                             with_kwargs=True)
+    try:
+        yield masks
+    finally:
+        handle.remove()
 
 
 def test_outputs_are_ordinary_tensors(qwen3_target, qwen3_drafter):
@@ -126,3 +135,59 @@ def test_the_returned_cache_extends_in_a_plain_generate(qwen3_target, qwen3_draf
                                       max_new_tokens=10)
     fresh = qwen3_target.generate(first.sequences, do_sample=False, max_new_tokens=10)
     assert torch.equal(continued, fresh)
+
+
+def _flash_like(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """flash-attn's semantics on the CPU: a 2D mask cuts the keys to its length (how flash kernels skip a static
+    cache's unfilled slots); without one, causal attention aligned to the last key."""
+    if attention_mask is not None:
+        key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
+    q_len, k_len = query.shape[2], key.shape[2]
+    allowed = torch.arange(k_len)[None, :] <= (k_len - q_len + torch.arange(q_len))[:, None]
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def test_flash_attention_over_a_static_cache_keeps_the_mask():
+    """A flash kernel over a static cache needs the all-ones mask (its length marks the filled slots): the loop keeps
+    it there, and the output equals plain generate() (dropping it attended to empty slots: other tokens)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("flash_attention_2", _flash_like)  # a CPU stand-in under flash-attn's name
+    target = tiny_target("qwen3")
+    target.config._attn_implementation = "flash_attention_2"
+    for module in target.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "flash_attention_2"
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).eval()
+    prompt = prompts(1, seed=3)[0]
+    settings = dict(do_sample=False, max_new_tokens=24, cache_implementation="static")
+    plain = target.generate(prompt, **settings)
+    with recorded_masks(target) as masks:
+        try:
+            out = target.generate(prompt, assistant_model=drafter, **settings)
+        except ValueError as err:  # transformers before 5.24: no static cache in assisted generation at all
+            if "not supported with Static cache" not in str(err):
+                raise
+            pytest.skip(f"this transformers refuses static caches in assisted generation ({err})")
+    assert torch.equal(out, plain)
+    assert masks and all(m is not None for m in masks)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_drafter_moved_under_inference_mode_generates(qwen3_target, do_sample):
+    """Moving a drafter (`.to(device)`) inside `torch.inference_mode()` makes its buffers inference tensors, which
+    have no version counter: the cached draft-vocabulary order and head rows must not need one."""
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4).eval()
+    drafter.set_draft_vocabulary(list(range(40, VOCAB)))
+    with torch.inference_mode():
+        drafter._apply(lambda t: t.clone())  # what .to(another device) does to every parameter and buffer
+    assert drafter.draft_to_target.is_inference()
+    prompt = prompts(1, seed=3)[0]
+    torch.manual_seed(0)
+    out = qwen3_target.generate(prompt, assistant_model=drafter, do_sample=do_sample, max_new_tokens=12)
+    if not do_sample:
+        assert torch.equal(out, qwen3_target.generate(prompt, do_sample=False, max_new_tokens=12))
+    assert drafter.last_stats.num_rounds > 0

@@ -139,7 +139,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
             raise ValueError(f"Draft vocabulary ids must be target token ids in 0..{self.config.vocab_size - 1}.")
         self.config.draft_vocab_size = int(ids.numel())
         self.draft_to_target = ids.to(self.fc.weight.device)
-        self._head_rows = None
+        self._head_rows = self._draft_order = None
         return self
 
     # ----------------------------------------------------------------------------------- build
@@ -373,7 +373,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         logits in ascending target-id order, so ties go to the lowest target id as they do over the full logits."""
         logits = self.compute_draft_logits(hidden_states, lm_head)
         if self.draft_to_target is not None:
-            key = (self.draft_to_target.data_ptr(), self.draft_to_target._version, logits.device,
+            key = (self.draft_to_target.data_ptr(), _version(self.draft_to_target), logits.device,
                    torch.is_inference_mode_enabled())
             if self._draft_order is None or self._draft_order[0] != key:
                 sorted_ids, order = self.draft_to_target.sort()
@@ -394,8 +394,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
             logits = lm_head(hidden_states)
         else:  # the draft vocabulary's rows of the target's head, cached while the head is unchanged
             # (rows gathered under generate()'s inference mode cannot enter autograd: the mode is part of the key)
-            key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_to_target.data_ptr(),
-                   torch.is_inference_mode_enabled())
+            key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device, self.draft_to_target.data_ptr(),
+                   _version(self.draft_to_target), torch.is_inference_mode_enabled())
             if self._head_rows is None or self._head_rows[0] != key:
                 ids = self.draft_to_target.to(weight.device)
                 self._head_rows = (key, weight.detach()[ids], None if bias is None else bias.detach()[ids])
@@ -548,6 +548,12 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
         + (f". Unexpected: {sorted(unexpected)[:6]}" if unexpected else "")
         + ("" if len(keys) <= 6 else f" ({len(keys)} keys in all)") + "."
     )
+
+
+def _version(tensor: torch.Tensor):
+    """The tensor's in-place version counter, for cache keys; None for an inference tensor (made or moved under
+    `torch.inference_mode()`), which has none and cannot be modified in place outside that mode anyway."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _as_bool_mask(attention_mask, q_len):

@@ -212,9 +212,10 @@ class DFlashCandidateGenerator(CandidateGenerator):
             "output_hidden_states": sorted(set(wanted)) if _HIDDEN_STATE_INDEX_LISTS and not user_wants_all else True
         }
         mask = model_kwargs.get("attention_mask")
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.all()):
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.all()) and not _mask_needed(
+                target, generation_config, target_cache):
             # One unpadded sequence: the all-ones mask adds nothing to the causal one the target builds from positions,
-            # but merging it costs every verify forward a mask construction (measured: examples/loop_overhead.py).
+            # but merging it costs every verify forward a mask construction (transformers >= 5.24 drops it itself).
             self.model_kwargs_overrides["attention_mask"] = None
         # Greedy without logits processors: transformers never reads the proposal distribution, so the drafter's
         # argmax is taken over its own head (draft vocabulary or not) and no full-vocabulary logits are built.
@@ -391,6 +392,15 @@ def _target_cache(model_kwargs):
     """The target's cache in generate()'s model kwargs (`past_key_values`, renamed `cache` in 5.24)."""
     model_kwargs = model_kwargs or {}
     return model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+
+
+def _mask_needed(target, generation_config, cache) -> bool:
+    """True where an all-ones mask still carries information: flash-attention kernels over a static cache read its
+    length to cut off the cache's unfilled slots (transformers keeps the mask there for the same reason)."""
+    flash = "flash" in str(getattr(target.config, "_attn_implementation", None) or "")
+    static = getattr(generation_config, "cache_implementation", None) == "static" or (
+        cache is not None and type(cache).__name__ != "DynamicCache")
+    return flash and static
 
 
 def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:

@@ -150,13 +150,12 @@ def spread(values: list) -> dict | None:
     return {"min": values[0], "median": median, "max": values[-1], "n": len(values)}
 
 
-
 def paired_ratio_interval(rows: list, reps: int = 2000, seed: int = 0) -> list | None:
     """95% paired-bootstrap interval over prompts of (Σa/Σb) / (Σc/Σd), from per-prompt rows (a, b, c, d).
 
     E.g. a round-time ratio: (our decode seconds, our rounds, their decode seconds, their rounds) per prompt; for a
-    plain time ratio pass b = d = 1. Both methods keep the same resampled prompts (None without usable rows)."""
-    rows = [r for r in rows if r[1] and r[3] and r[2]]
+    plain time ratio pass b = d = 1. Both methods keep the same resampled prompts; every row counts, as in the point
+    estimate (a draw whose sums leave a zero denominator is skipped). None without rows or usable draws."""
     if not rows:
         return None
     rng = random.Random(seed)
@@ -164,9 +163,13 @@ def paired_ratio_interval(rows: list, reps: int = 2000, seed: int = 0) -> list |
     for _ in range(reps):
         sample = [rows[rng.randrange(len(rows))] for _ in rows]
         a, b, c, d = (sum(r[i] for r in sample) for i in range(4))
-        draws.append((a / b) / (c / d))
+        if b and c and d:
+            draws.append((a / b) / (c / d))
+    if not draws:
+        return None
     draws.sort()
-    return [draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]]
+    return [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]]
+
 
 SUFFIX_SHIFTS = (-1, 0, 1)
 
