@@ -21,7 +21,7 @@ from dflash_retrace.evaluation.replay import References, replay_turn, target_for
 from dflash_retrace.runtime import encode_messages, load_drafter, load_target
 
 
-def accepted_at(drafter, target, features, full, p, block, end):
+def accepted_at(drafter, target, features, full, p, block):
     """Proposals a round anchored at position p would accept (block fully inside the answer: p + block - 1 < end)."""
     ids = torch.full((1, block), drafter.config.mask_token_id, dtype=torch.long)
     ids[0, 0] = full[0, p]
@@ -63,7 +63,7 @@ def main():
             round_starts[anchor] = a - 1
             anchor += a
         for p in range(input_ids.shape[1], end - block + 1):
-            accepted = accepted_at(drafter, target, features, full, p, block, end)
+            accepted = accepted_at(drafter, target, features, full, p, block)
             every.append(accepted)
             if p in round_starts:
                 starts.append(accepted)
