@@ -17,11 +17,13 @@ cropping; this generator only proposes. Per round, with the anchor (last committ
    shifted by a + 1 (a accepted) into the next block's slots.
 """
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 import transformers
+from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
@@ -399,7 +401,7 @@ def _mask_needed(target, generation_config, cache) -> bool:
     length to cut off the cache's unfilled slots (transformers keeps the mask there for the same reason)."""
     flash = "flash" in str(getattr(target.config, "_attn_implementation", None) or "")
     static = getattr(generation_config, "cache_implementation", None) == "static" or (
-        cache is not None and type(cache).__name__ != "DynamicCache")
+        cache is not None and not isinstance(cache, DynamicCache))
     return flash and static
 
 
@@ -416,13 +418,15 @@ _MOVED_TO_DISPATCH = {"install_dispatch", "uninstall_dispatch", "no_dispatch", "
 
 
 def __getattr__(name):  # the dispatch lived here before `dispatch_dflash`: old imports keep working, with a warning
-    if name in _MOVED_TO_DISPATCH:
-        warnings.warn(f"`generation_dflash.{name}` moved to `dispatch_dflash.{name}` (or import it from the package).",
-                      FutureWarning, stacklevel=2)
-        from . import dispatch_dflash
+    if name not in _MOVED_TO_DISPATCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"`generation_dflash.{name}` moved to `dispatch_dflash.{name}` (or import it from the package).",
+                  FutureWarning, stacklevel=2)
+    # Imported here (it imports this module), in the one relative form trust_remote_code resolves.
+    from .dispatch_dflash import install_dispatch
 
-        return getattr(dispatch_dflash, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(sys.modules[install_dispatch.__module__], name)
+
 
 __all__ = [
     "DFlashCandidateGenerator",
