@@ -35,6 +35,27 @@ def test_greedy_proposals_are_the_full_logits_argmax_with_ties_to_the_lowest_id(
     assert drafter.greedy_proposals(hidden, head)[1] is None
 
 
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_draft_logits_of_strided_slices_match_row_by_row(qwen3_target, draft_vocab):
+    """The generator hands the head a slice of the block's states ([:, 1:]); `compute_draft_logits` runs it as 2-D
+    rows (a bf16 linear over such a 3-D slice is slow on CPUs) and must give back (b, k, V) in the same order, also
+    for a batch whose slice is not contiguous."""
+    torch.manual_seed(1)
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4).eval()
+    if draft_vocab:
+        drafter.set_draft_vocabulary([50, 3, 90, 7, 11, 64, 5])
+    head = qwen3_target.lm_head
+    block = torch.randn(3, 8, 64)
+    states = block[:, 1:]
+    assert not states.is_contiguous()
+    with torch.no_grad():
+        logits = drafter.compute_draft_logits(states, head)
+        rows = torch.stack([torch.stack([drafter.compute_draft_logits(states[b, k].clone()[None], head)[0]
+                                         for k in range(7)]) for b in range(3)])
+    assert logits.shape == (3, 7, 7 if draft_vocab else VOCAB)
+    assert torch.allclose(logits, rows, atol=1e-5)
+
+
 def test_greedy_rounds_hand_no_logits_to_transformers(qwen3_target, qwen3_drafter, monkeypatch):
     """Greedy without processors: no candidate logits (transformers reads them only to sample); with a processor
     the logits the proposals came from still go back."""
