@@ -337,7 +337,10 @@ class DFlashDrafter(DFlashPreTrainedModel):
                    "speculation_type." if builtin else "Compute them with `drafter.context_features(hidden_states)`.")
             )
         features = features.to(dtype)
-        context = self.hidden_norm(self.fc(features[..., : self.fc.in_features]))  # (b, c, H)
+        columns = features[..., : self.fc.in_features]  # a strided slice when the store holds fusion layers too:
+        # fed as 2-D rows, since a bf16 linear over a strided 3-D input is slow on CPUs (see compute_draft_logits)
+        context = self.fc(columns.reshape(-1, columns.shape[-1])).view(*columns.shape[:-1], -1)
+        context = self.hidden_norm(context)  # (b, c, H)
         if self.fusion is None:
             return context, [context] * len(self.layers)
         return context, self.fusion(features, context)
@@ -390,8 +393,9 @@ class DFlashDrafter(DFlashPreTrainedModel):
         """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         lead = hidden_states.shape[:-1]
-        # As 2-D rows: the generator passes a slice of the block's states ([:, 1:]), and on CPUs a bf16 linear over
-        # such a 3-D slice takes a slow kernel (torch 2.13: 8 ms instead of 0.7 for SmolLM2's 7 x 8,192 draft head).
+        # As 2-D rows: the generator passes a slice of the block's states ([:, 1:]), whose size-1 batch dimension keeps
+        # the block's stride; torch's matmul then skips its fold into one mm (pytorch/pytorch#186148) and takes bmm,
+        # which is slow for bf16 on CPUs (#151934): 8 ms instead of 0.7 for SmolLM2's 7 x 8,192 draft head.
         hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype).reshape(-1, hidden_states.shape[-1])
         if self.draft_to_target is None:
             logits = lm_head(hidden_states)
