@@ -56,6 +56,21 @@ def test_draft_logits_of_strided_slices_match_row_by_row(qwen3_target, draft_voc
     assert torch.allclose(logits, rows, atol=1e-5)
 
 
+@pytest.mark.parametrize("fusion", ["fc", "layerwise"])
+def test_a_block_without_context_runs(qwen3_target, fusion):
+    """The fused context goes through `fc` as 2-D rows; with no context positions (None or length 0) that is an
+    empty (0, n*H) matrix, which must come back as (b, 0, H), not fail to reshape."""
+    drafter = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=1, block_size=4, fusion=fusion).eval()
+    noise = drafter.embed_block(qwen3_target.get_input_embeddings(), torch.tensor([[5, 1, 1, 1]]))
+    width = len(drafter.config.feature_layer_ids) * drafter.config.hidden_size
+    with torch.no_grad():
+        none = drafter(noise_embeds=noise, context_hidden_states=None, position_ids=torch.arange(4)[None])
+        empty = drafter(noise_embeds=noise, context_hidden_states=torch.zeros(1, 0, width),
+                        position_ids=torch.arange(4)[None])
+    assert none.last_hidden_state.shape == (1, 4, drafter.config.hidden_size)
+    assert torch.equal(none.last_hidden_state, empty.last_hidden_state)
+
+
 def test_greedy_rounds_hand_no_logits_to_transformers(qwen3_target, qwen3_drafter, monkeypatch):
     """Greedy without processors: no candidate logits (transformers reads them only to sample); with a processor
     the logits the proposals came from still go back."""

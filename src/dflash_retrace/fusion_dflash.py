@@ -83,7 +83,7 @@ class LayerwiseFusion(nn.Module):
         bsz, length, _ = features.shape
         hidden = context.shape[-1]
         index = torch.tensor(self.feature_index, device=features.device)  # (not a buffer: meta loading skips those)
-        layers = features.view(bsz, length, -1, hidden).index_select(2, index)  # (b, c, T, H)
+        layers = features.view(bsz, length, features.shape[-1] // hidden, hidden).index_select(2, index)  # (b, c, T, H)
         layers = layers.float()
         layers = layers * torch.rsqrt(layers.pow(2).mean(-1, keepdim=True) + self.eps)
         weights = torch.softmax(self.mix_logits.float(), dim=-1)  # (D, T)

@@ -339,7 +339,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
         features = features.to(dtype)
         columns = features[..., : self.fc.in_features]  # a strided slice when the store holds fusion layers too:
         # fed as 2-D rows, since a bf16 linear over a strided 3-D input is slow on CPUs (see compute_draft_logits)
-        context = self.fc(columns.reshape(-1, columns.shape[-1])).view(*columns.shape[:-1], -1)
+        context = self.fc(columns.reshape(-1, columns.shape[-1])).view(*columns.shape[:-1], self.fc.out_features)
         context = self.hidden_norm(context)  # (b, c, H)
         if self.fusion is None:
             return context, [context] * len(self.layers)
