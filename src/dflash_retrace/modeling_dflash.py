@@ -337,10 +337,8 @@ class DFlashDrafter(DFlashPreTrainedModel):
                    "speculation_type." if builtin else "Compute them with `drafter.context_features(hidden_states)`.")
             )
         features = features.to(dtype)
-        columns = features[..., : self.fc.in_features]  # a strided slice when the store holds fusion layers too:
-        # fed as 2-D rows, since a bf16 linear over a strided 3-D input is slow on CPUs (see compute_draft_logits)
-        context = self.fc(columns.reshape(-1, columns.shape[-1])).view(*columns.shape[:-1], self.fc.out_features)
-        context = self.hidden_norm(context)  # (b, c, H)
+        # a strided slice when the features hold fusion layers too
+        context = self.hidden_norm(_linear_rows(self.fc, features[..., : self.fc.in_features]))  # (b, c, H)
         if self.fusion is None:
             return context, [context] * len(self.layers)
         return context, self.fusion(features, context)
@@ -392,13 +390,9 @@ class DFlashDrafter(DFlashPreTrainedModel):
     def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        lead = hidden_states.shape[:-1]
-        # As 2-D rows: the generator passes a slice of the block's states ([:, 1:]), whose size-1 batch dimension keeps
-        # the block's stride; torch's matmul then skips its fold into one mm (pytorch/pytorch#186148) and takes bmm,
-        # which is slow for bf16 on CPUs (#151934): 8 ms instead of 0.7 for SmolLM2's 7 x 8,192 draft head.
-        hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype).reshape(-1, hidden_states.shape[-1])
+        hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype)  # the generator's [:, 1:] slice
         if self.draft_to_target is None:
-            logits = lm_head(hidden_states)
+            logits = _linear_rows(lm_head, hidden_states)
         else:  # the draft vocabulary's rows of the target's head, cached while the head is unchanged
             # (rows gathered under generate()'s inference mode cannot enter autograd: the mode is part of the key)
             key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device, self.draft_to_target.data_ptr(),
@@ -406,8 +400,7 @@ class DFlashDrafter(DFlashPreTrainedModel):
             if self._head_rows is None or self._head_rows[0] != key:
                 ids = self.draft_to_target.to(weight.device)
                 self._head_rows = (key, weight.detach()[ids], None if bias is None else bias.detach()[ids])
-            logits = F.linear(hidden_states, *self._head_rows[1:])
-        logits = logits.view(*lead, logits.shape[-1])
+            logits = _linear_rows(F.linear, hidden_states, *self._head_rows[1:])
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         softcap = self.config.final_logit_softcapping
@@ -556,6 +549,15 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
         + (f". Unexpected: {sorted(unexpected)[:6]}" if unexpected else "")
         + ("" if len(keys) <= 6 else f" ({len(keys)} keys in all)") + "."
     )
+
+
+def _linear_rows(linear, x: torch.Tensor, *args) -> torch.Tensor:
+    """`linear(x, *args)` over x's rows as one 2-D matrix, reshaped back. A 3-D slice such as `[:, 1:]` of a block
+    keeps its parent's stride in the size-1 batch dimension, so torch's matmul skips its fold into one mm
+    (pytorch/pytorch#186148) and takes bmm, which is slow for bf16 on CPUs (#151934): 8 ms instead of 0.7 for
+    SmolLM2's 7 x 8,192 draft head."""
+    out = linear(x.reshape(-1, x.shape[-1]), *args)
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _version(tensor: torch.Tensor):
