@@ -71,7 +71,7 @@ def main(argv=None):
     rows = StoredRows(store)
     base = DFlashDrafter.from_target(target, num_hidden_layers=args.num_layers, block_size=args.block_size,
                                      target_layer_ids=store.layer_ids).float().train()
-    vocab = draft_vocabulary(label_counts([rows[i] for i in range(len(rows))], target.config.vocab_size),
+    vocab = draft_vocabulary(label_counts([rows[i] for i in range(len(rows))], target.config.vocab_size, "target"),
                              args.draft_vocab_size)
     models = {}
     for name, (_, _, _, draft) in VARIANTS.items():

@@ -92,7 +92,7 @@ def test_agreement():
 def test_budget_rounds_drop_proposals_past_the_budget():
     # max_new_tokens 10, B 4: after prefill 1 token; round 1 commits 4 (offset 5), round 2 commits 3 (offset 8),
     # then 2 tokens remain: 1 usable proposal; a round with 1 remaining token is a plain step.
-    lengths, counts = _budget_rounds([4, 3, 1, 1], max_new_tokens=10, block_size=4)
+    lengths, counts = _budget_rounds([4, 3, 1, 1], [[5, 5, 5]] * 4, max_new_tokens=10, block_size=4, stop_ids=set())
     assert lengths == [4, 3, 1] and counts == [3, 3, 1]
 
 

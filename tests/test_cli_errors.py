@@ -30,6 +30,21 @@ def test_missing_drafter_folder_says_no_such_folder(capsys):
     assert code == 2 and len(lines) == 1 and "no such folder: /nonexistent" in lines[0], lines
 
 
+def test_payload_refuses_a_folder_that_is_not_a_drafter(capsys, tmp_path):
+    missing = tmp_path / "no-such-drafter-*"  # an unmatched glob reaches the CLI as this literal name
+    code, lines = _run(capsys, ["payload", str(missing)])
+    assert code == 2 and len(lines) == 1 and "does not exist" in lines[0], lines
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "config.json").write_text("{}")
+    code, lines = _run(capsys, ["payload", str(tmp_path / "drafter"), str(tmp_path / "empty")])
+    assert code == 2 and len(lines) == 1 and "holds no config.json" in lines[0], lines
+    assert list((tmp_path / "drafter").iterdir()) == [tmp_path / "drafter" / "config.json"]  # nothing written
+    assert cli.main(["payload", str(tmp_path / "drafter")]) == 0
+    assert (tmp_path / "drafter" / "modeling_dflash.py").is_file()
+
+
 def test_push_offline_says_offline(capsys, monkeypatch, tmp_path):
     import huggingface_hub.constants
 

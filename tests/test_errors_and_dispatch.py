@@ -180,11 +180,43 @@ def test_builtin_dflash_path_warns_that_it_ignores_the_draft_vocabulary(target):
         out = target.generate(PROMPT, assistant_model=drafter, max_new_tokens=10, do_sample=False)
     assert torch.equal(ref, out)
 
+
+
+def test_builtin_dflash_path_warns_that_it_ignores_shorter_rounds(target):
+    import copy
+
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4).eval()
+    for name, value in (("max_proposals", 2), ("proposal_threshold", 0.5)):
+        changed = copy.deepcopy(drafter)
+        setattr(changed.config, name, value)
+        with pytest.warns(UserWarning, match=rf"{name}.*not applied"):
+            target.generate(PROMPT, assistant_model=changed, max_new_tokens=6, do_sample=False,
+                            speculation_type="dflash")
+    with pytest.warns(UserWarning, match=r"proposal_policy.*argmax.*not applied"):  # it samples its proposals
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=6, do_sample=True, speculation_type="dflash")
+    sampled, full = copy.deepcopy(drafter), copy.deepcopy(drafter)
+    sampled.config.proposal_policy = "sample"
+    full.config.max_proposals = full.config.block_size - 1  # the same as None
+    with warnings.catch_warnings():  # what the built-in path does anyway: nothing to say
+        warnings.simplefilter("error")
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=6, do_sample=False, speculation_type="dflash")
+        target.generate(PROMPT, assistant_model=sampled, max_new_tokens=6, do_sample=True, speculation_type="dflash")
+        target.generate(PROMPT, assistant_model=full, max_new_tokens=6, do_sample=False, speculation_type="dflash")
+
+
+def test_inputs_embeds_is_refused_with_the_fix(target, drafter):
+    embeds = target.get_input_embeddings()(PROMPT)
+    target.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False)  # plain generate() takes them
+    with pytest.raises(ValueError, match="inputs_embeds.*Pass input_ids instead"):
+        target.generate(inputs_embeds=embeds, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(prompt_lookup_num_tokens=3), "prompt lookup decoding"),
         (dict(assistant_ensemble_weight=0.5), "ensemble verification"),
+        (dict(dola_layers="high"), "DoLa decoding.*drop `dola_layers`"),
     ],
 )
 def test_other_speculation_methods_are_refused(target, drafter, kwargs, message):
@@ -211,3 +243,20 @@ def test_dispatch_names_still_import_from_generation_dflash_with_a_warning():
             assert getattr(generation_dflash, name) is getattr(dispatch_dflash, name)
     with pytest.raises(AttributeError):
         generation_dflash.not_a_name  # noqa: B018
+
+
+def test_sampled_proposals_fall_back_to_argmax_only_for_criteria_that_read_them(target, drafter):
+    """Stop strings read the proposals (a cut there would bias sampled proposals): the call drafts by argmax and
+    says so. max_time does not read them: sampled proposals stay."""
+    import copy
+
+    from tiny import tiny_tokenizer
+
+    sampled = copy.deepcopy(drafter)
+    sampled.config.proposal_policy = "sample"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.generate(PROMPT, assistant_model=sampled, max_new_tokens=6, do_sample=True, max_time=60.0)
+    with pytest.warns(UserWarning, match="drafts with proposal_policy='argmax' instead"):
+        target.generate(PROMPT, assistant_model=sampled, max_new_tokens=6, do_sample=True, stop_strings=["ef"],
+                        tokenizer=tiny_tokenizer())

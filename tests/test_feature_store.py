@@ -62,6 +62,62 @@ def test_store_resumes_without_recomputing(target, tmp_path):
         build_feature_store(target, rows, tmp_path, [0, 1], progress=False)
 
 
+def _write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _text_rows(n):
+    return [{"id": f"r{i}", "prompt": "abcdef" * (i + 1), "response": "ghijab" * 3} for i in range(n)]
+
+
+@pytest.mark.parametrize("change, differ", [
+    ({"meta": {"target": "org/other"}}, r"target='org/target' \(this build: 'org/other'\)"),
+    ({"max_length": 12}, r"max_length=64 \(this build: 12\)"),
+    ({"chat_template": True}, r"chat_template=False \(this build: True\)"),
+    ({"enable_thinking": True}, r"enable_thinking=False \(this build: True\)"),
+    ({"dtype": torch.bfloat16}, r"target_dtype='float32' \(this build: 'bfloat16'\)"),
+    ({"vocab_size": 100}, r"vocab_size=96 \(this build: 100\)"),
+])
+def test_store_resume_refuses_another_build(target, tmp_path, change, differ):
+    import copy
+
+    from dflash_retrace.training.features import FeaturesConfig, build_features
+    from tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    data = _write_rows(tmp_path / "rows.jsonl", _text_rows(2))
+    options = dict(layers=[1, 3], chat_template=False, max_length=64, progress=False)
+    build_features(target, tok, data, tmp_path / "store", FeaturesConfig(**options), meta={"target": "org/target"})
+    more = _write_rows(tmp_path / "more.jsonl", _text_rows(4))  # the same rows and two more, in another file
+    change, other = dict(change), copy.deepcopy(target)
+    meta = change.pop("meta", {"target": "org/target"})
+    if "dtype" in change:
+        other.to(change.pop("dtype"))
+    if "vocab_size" in change:
+        other.resize_token_embeddings(change.pop("vocab_size"), mean_resizing=False)
+    with pytest.raises(ValueError, match=differ + r".*Use another --out, or the same options as the store was built"):
+        build_features(other, tok, more, tmp_path / "store", FeaturesConfig(**{**options, **change}), meta=meta)
+    manifest = build_features(target, tok, more, tmp_path / "store", FeaturesConfig(**options),
+                              meta={"target": "org/target"})  # the same build resumes
+    assert [r["id"] for r in manifest["rows"]] == ["r0", "r1", "r2", "r3"] and manifest["max_length"] == 64
+
+
+def test_store_resume_refuses_rows_that_changed_under_their_id(target, tmp_path):
+    from dflash_retrace.training.features import FeaturesConfig, build_features
+    from tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = FeaturesConfig(layers=[1, 3], chat_template=False, progress=False)
+    rows = [{"prompt": p, "response": "ghijab" * 3} for p in ("abab", "cdcd", "efef")]  # no ids: their index
+    data = _write_rows(tmp_path / "rows.jsonl", rows[1:])
+    build_features(target, tok, data, tmp_path / "store", cfg)
+    _write_rows(data, rows)  # a row inserted first: every stored index now names another row
+    with pytest.raises(ValueError, match=r"2 row\(s\) .*\(ids \['0', '1'\]\).*the data changed since the store was "
+                                         r"built.*new --out"):
+        build_features(target, tok, data, tmp_path / "store", cfg)
+
+
 def test_store_missing_layers_is_a_clear_error(target, tmp_path):
     build_feature_store(target, _rows(1), tmp_path, [0, 2], progress=False)
     with pytest.raises(ValueError, match=r"holds layers \[0, 2\] \(missing \[3\]\).*--layers 0,3"):

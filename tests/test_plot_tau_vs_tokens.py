@@ -73,3 +73,39 @@ def test_main_writes_the_plot_and_the_points(tmp_path):
     plot.main([str(spec), "--output", str(tmp_path / "p.png"), "--json", str(tmp_path / "p.json")])
     assert (tmp_path / "p.png").stat().st_size > 0
     assert [p["tau"] for p in json.loads((tmp_path / "p.json").read_text())] == [2.0, 2.5]
+
+
+def test_log_fit_recovers_a_log_curve_and_inverts_it():
+    import math
+
+    plot = _module()
+    points = [{"label": f"r{n}", "slot_tokens": n * 1e6, "tau": 1.0 + 0.1 * math.log(n * 1e6)} for n in (3, 1, 10, 30)]
+    fit = plot.log_fit(points)
+    assert fit["a"] == pytest.approx(1.0) and fit["b"] == pytest.approx(0.1)
+    assert fit["gain_per_doubling"] == pytest.approx(0.1 * math.log(2))
+    assert fit["points"] == ["r1", "r3", "r10", "r30"]  # sorted by tokens
+    assert [s["gain_per_doubling"] for s in fit["segments"]] == pytest.approx([0.1 * math.log(2)] * 3)
+    assert plot.tokens_to_reach(fit, 1.0 + 0.1 * math.log(5e7)) == pytest.approx(5e7)
+    last2 = plot.log_fit(points, last=2)
+    assert last2["points"] == ["r10", "r30"]
+    flat = plot.log_fit([{**p, "tau": 1.5} for p in points])
+    assert flat["b"] == pytest.approx(0.0, abs=1e-12) and plot.tokens_to_reach(flat, 2.0) is None
+    with pytest.raises(ValueError, match="at least 2 points"):
+        plot.log_fit(points, last=1)
+    with pytest.raises(ValueError, match="2 or more token counts"):
+        plot.log_fit([points[0], dict(points[0], label="same")])
+
+
+def test_main_fit_projects_tokens_beyond_the_lineage(tmp_path):
+    plot = _module()
+    spec = _write(tmp_path, [_report(["a"], lengths=(1, 2)), _report(["a"], lengths=(2, 2))])  # τ 1.5 at 1M, 2.0 at 2M
+    plot.main([str(spec), "--output", str(tmp_path / "p.png"), "--json", str(tmp_path / "p.json"), "--fit", "a",
+               "--targets", "2.5", "--rate", "1000"])
+    fit = json.loads((tmp_path / "p.json").read_text())["fit"]
+    assert fit["gain_per_doubling"] == pytest.approx(0.5)
+    (projection,) = fit["projections"]
+    assert projection["slot_tokens"] == pytest.approx(4e6)  # one more doubling
+    assert projection["more_slot_tokens"] == pytest.approx(2e6)
+    assert projection["hours_more"] == pytest.approx(2e6 / 1000 / 3600)
+    with pytest.raises(SystemExit, match="no point has that lineage"):
+        plot.main([str(spec), "--output", str(tmp_path / "q.png"), "--fit", "b"])

@@ -16,9 +16,9 @@ from dflash_retrace.generation_dflash import DFlashContextCache
 from dflash_retrace.kv_dflash import default_kv_layer_ids, read_target_kv
 from dflash_retrace.training import TrainConfig, train_drafter
 from dflash_retrace.training.data import Example
-from dflash_retrace.training.features import build_feature_store
+from dflash_retrace.training.features import StoredRows, build_feature_store, open_stores
 from dflash_retrace.training.objective import block_hidden_states, target_features
-from dflash_retrace.training.target_kv import forward_cache, recompute_layer_kv
+from dflash_retrace.training.target_kv import forward_cache, recompute_layer_kv, stored_target_kv
 from test_remote_code import _run
 from tiny import continuations, prompts, tiny_target
 
@@ -138,6 +138,21 @@ def test_recomputed_layer_kv_equal_the_full_forward_cache(family):
         k, v = recompute_layer_kv(target, layer_id, out.hidden_states[layer_id])
         torch.testing.assert_close(k, forward_cache(out).layers[layer_id].keys, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(v, forward_cache(out).layers[layer_id].values, rtol=1e-5, atol=1e-6)
+
+
+def test_stored_kv_of_a_micro_batch_reads_each_row_from_its_own_store(qwen3_target, tmp_path):
+    rows = continuations(qwen3_target, prompts(4, seed=3), 12)
+    examples = [Example(ids, m, int(m.nonzero()[0]), f"r{i}") for i, (ids, m) in enumerate(rows)]
+    build_feature_store(qwen3_target, examples[:2], tmp_path / "a", [0, 1, 2, 3], progress=False)
+    build_feature_store(qwen3_target, examples[2:], tmp_path / "b", [0, 1, 2, 3], progress=False)
+    data = StoredRows(open_stores(f"{tmp_path / 'a'},{tmp_path / 'b'}"))
+    items = [(0, data[0]), (2, data[2])]  # row 0 of store a, row 0 of store b
+    width = rows[0][0].numel()
+    stored = stored_target_kv(qwen3_target, items, width, [2, 3])
+    out = qwen3_target(torch.stack([rows[0][0], rows[2][0]]), use_cache=True)
+    for (k, v), layer_id in zip(stored, [2, 3]):  # equal to bf16 rounding of the stored layer inputs
+        torch.testing.assert_close(k, forward_cache(out).layers[layer_id].keys, rtol=0.02, atol=0.05)
+        torch.testing.assert_close(v, forward_cache(out).layers[layer_id].values, rtol=0.02, atol=0.05)
 
 
 # ----------------------------------------------------------------- (5) remote code, (6) PEFT

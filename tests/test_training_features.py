@@ -201,3 +201,53 @@ def test_plot_training_chains_continued_runs(tmp_path):
     chained = module.load_runs(runs, chain=True)
     assert [[r["slot_tokens"] for r in log] for _, log in chained] == [[100, 200], [250, 320]]
     assert [[r["slot_tokens"] for r in log] for _, log in module.load_runs(runs)] == [[100, 200], [50, 120]]
+
+
+def _built_store(target, tokenizer, path, name, chat_template, first=0):
+    """A store built as `dflash-retrace features --target NAME` builds it, from four text rows."""
+    from dflash_retrace.training.features import FeaturesConfig, build_features
+
+    data = path.with_suffix(".jsonl")
+    data.write_text("".join(json.dumps({"id": f"{path.name}{i}", "prompt": "abcdef" * (i + 1),
+                                        "response": "ghijab" * 4}) + "\n" for i in range(first, first + 4)))
+    build_features(target, tokenizer, data, path, FeaturesConfig(layers=[1, 3], chat_template=chat_template,
+                                                                 progress=False), meta={"target": name})
+    return path
+
+
+def test_store_of_another_target_or_prompt_rendering_is_an_error(target, tmp_path):
+    import copy
+
+    from tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.name_or_path = "org/target-A"
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    store = _built_store(target, tok, tmp_path / "a", "org/target-A", chat_template=False)
+    run = copy.deepcopy(target)
+    run.name_or_path = "/models/target-A"  # a local copy of the store's target
+    cfg = dict(max_steps=1, draft_vocab_size=None, chat_template=False)
+    train_drafter(run, tok, None, tmp_path / "ok", _config(store, **cfg))
+    with pytest.raises(ValueError, match=r"store .*a was not built for this run: chat_template False \(this run: "
+                                         r"True\).*dflash-retrace features --target /models/target-A .*--out"):
+        train_drafter(run, tok, None, tmp_path / "b", _config(store, **{**cfg, "chat_template": True}))
+    run.name_or_path = "org/target-B"
+    with pytest.raises(ValueError, match=r"target 'org/target-A' \(this run: 'org/target-B'\)"):
+        train_drafter(run, tok, None, tmp_path / "c", _config(store, **cfg))
+    other_vocab = copy.deepcopy(target)
+    other_vocab.resize_token_embeddings(100, mean_resizing=False)
+    wide = _held_store(other_vocab, continuations(target, prompts(1, seed=14), 8), tmp_path / "wide", ["w"])
+    with pytest.raises(ValueError, match=r"vocab_size 100 \(this run: 96\)"):
+        train_drafter(target, None, None, tmp_path / "d", _config(wide, **cfg))
+
+
+def test_stores_of_two_targets_are_not_trained_as_one(target, tmp_path):
+    from dflash_retrace.training.features import open_stores
+    from tiny import tiny_tokenizer
+
+    a = _built_store(target, tiny_tokenizer(), tmp_path / "a", "org/target-A", chat_template=False)
+    b = _built_store(target, tiny_tokenizer(), tmp_path / "b", "org/target-B", chat_template=False, first=4)
+    with pytest.raises(ValueError, match=r"feature store .*b was not built like .*target 'org/target-A' vs "
+                                         r"'org/target-B'"):
+        open_stores(f"{a},{b}")
+    open_stores(f"{a},{_built_store(target, tiny_tokenizer(), tmp_path / 'c', '/local/target-a', False, 8)}")

@@ -12,7 +12,7 @@ of a DFlash drafter:
     c_d   = hidden_norm(fc(F)) + P_d(norm_d(sum_t w_d,t x_t)) drafter layer d of D; P_d: Linear(H -> H), init 0
 
 - The per-layer term is a residual on DFlash's fused context rather than a replacement of `fc` (DFlare, as
-  DESIGN.md section 6 records, drops `fc` and gives the context its own k/v projections): with P_d = 0 a DFlash
+  its summary describes it, drops `fc` and gives the context its own k/v projections): with P_d = 0 a DFlash
   checkpoint loaded with `fusion="layerwise"` drafts exactly as before (lossless and τ-identical at step 0),
   and training moves away from it.
 - Each target layer is RMS-normalised before mixing: hidden-state scales grow by orders of magnitude with depth,

@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicCache
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from .kv_dflash import read_target_kv
 
@@ -190,15 +190,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
             raise ValueError(f"{type(target).__name__} has no output embeddings (LM head); DFlash drafts through it.")
         self.max_length = generation_config.max_length
         model_kwargs = model_kwargs or {}
-        target_cache = _target_cache(model_kwargs)
-        if target_cache is not None and target_cache.get_seq_length() > 0:
-            # transformers' assisted loop re-feeds the whole prompt on top of a pre-filled cache (5.10-5.24),
-            # which silently corrupts the output with any assistant.
-            raise RuntimeError(
-                f"generate() was given a pre-filled target cache ({target_cache.get_seq_length()} positions): "
-                "transformers' assisted decoding re-feeds the prompt on top of it and the output would be wrong. "
-                "Call generate() without `cache=`/`past_key_values=` when using a DFlash drafter."
-            )
+        target_cache = _check_call_inputs(model_kwargs)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
         self.proposal_policy = config.proposal_policy if self.do_sample else "argmax"
@@ -207,6 +199,16 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.stopping_criteria = [
             c for c in (stopping_criteria or []) if not _handled_by_draft_cuts(c, self.max_length, self.eos_ids)
         ]
+        if self.proposal_policy == "sample" and any(type(c) is not MaxTimeCriteria for c in self.stopping_criteria):
+            # A draft cut before the proposal at which a criterion fires depends on that sampled proposal itself,
+            # so the verified proposals would no longer be draws of the q handed to transformers (the output would
+            # drift from p). Point-mass proposals make the cut a function of the prefix: exact again.
+            warnings.warn(
+                "proposal_policy='sample' with stop strings or custom stopping criteria would bias sampling (the "
+                "draft is cut where a criterion fires, which depends on the sampled proposal): this call drafts "
+                "with proposal_policy='argmax' instead, which stays exact. Drop the stopping criteria to sample "
+                "proposals.", UserWarning, stacklevel=2)
+            self.proposal_policy = "argmax"
 
         wanted = [i + 1 for i in self.layer_ids] + ([self.num_target_layers] if self.use_retrace else [])
         user_wants_all = bool(generation_config.output_hidden_states)
@@ -289,10 +291,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
             drafts, confidence = self.drafter.greedy_proposals(states, self.lm_head, self.proposal_threshold > 0)
             drafts, logits = drafts.to(input_ids.device), None
         else:
-            logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
-            probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
-            drafts, logits = self._propose(input_ids, logits)
-            confidence = None if probs is None else probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
+            drafts, logits, confidence = self._proposals_with_logits(input_ids, states)
         cut = drafts.shape[1]
         if confidence is not None:
             cut = self._confident_prefix(confidence)
@@ -345,6 +344,21 @@ class DFlashCandidateGenerator(CandidateGenerator):
             self.round_open = False
 
     # ---------------------------------------------------------------------------------- pieces
+    def _proposals_with_logits(self, input_ids, states):
+        """(drafts, the q transformers verifies them against, each draft's drafter probability or None)."""
+        logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
+        probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
+        drafts, logits = self._propose(input_ids, logits)
+        if probs is None:
+            return drafts, logits, None
+        confidence = probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
+        if self.proposal_policy == "sample":
+            # The threshold cuts at the first sampled proposal below it, so a verified proposal was drawn from q
+            # restricted to the tokens at or above the threshold: hand transformers that q (renormalised by its
+            # softmax), and rejection sampling still returns p exactly.
+            logits = logits.masked_fill(probs.to(logits.device) < self.proposal_threshold, float("-inf"))
+        return drafts, logits, confidence
+
     def _propose(self, input_ids, logits):
         """Proposals and the distribution q they were drawn from, after the same processors the target uses."""
         if self.logits_processor is not None:
@@ -403,6 +417,25 @@ def _mask_needed(target, generation_config, cache) -> bool:
     static = getattr(generation_config, "cache_implementation", None) == "static" or (
         cache is not None and not isinstance(cache, DynamicCache))
     return flash and static
+
+
+def _check_call_inputs(model_kwargs):
+    """The target's cache of this generate() call (None if none yet), after refusing inputs DFlash cannot align."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "generate(inputs_embeds=...) with a DFlash drafter is not supported: the drafter reads the target's "
+            "states of every prompt token, which it aligns by input_ids. Pass input_ids instead."
+        )
+    target_cache = _target_cache(model_kwargs)
+    if target_cache is not None and target_cache.get_seq_length() > 0:
+        # transformers' assisted loop re-feeds the whole prompt on top of a pre-filled cache (5.10-5.24),
+        # which silently corrupts the output with any assistant.
+        raise RuntimeError(
+            f"generate() was given a pre-filled target cache ({target_cache.get_seq_length()} positions): "
+            "transformers' assisted decoding re-feeds the prompt on top of it and the output would be wrong. "
+            "Call generate() without `cache=`/`past_key_values=` when using a DFlash drafter."
+        )
+    return target_cache
 
 
 def _handled_by_draft_cuts(criterion, max_length, eos_ids) -> bool:

@@ -358,5 +358,5 @@ def register_cli(subparsers) -> None:
                     "transformers checkpoint. Prints the local folder.",
     )
     parser.add_argument("name", choices=sorted(MODELS), help="registry model name")
-    parser.add_argument("--cache-dir", default=None, help="cache root (default: $DFLASH_RETRACE_CACHE or ~/.cache/dflash-retrace)")
+    parser.add_argument("--cache-dir", default=None, help="cache root (default: $DFLASH_RETRACE_CACHE, else $XDG_CACHE_HOME/dflash-retrace, else ~/.cache/dflash-retrace)")
     parser.set_defaults(func=lambda args: print(fetch_model(args.name, cache_dir=args.cache_dir)))

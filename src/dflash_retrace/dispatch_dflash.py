@@ -59,6 +59,11 @@ def _check_generation_config(generation_config, drafter):
                 f"`{name}` asks for {what}, which cannot be combined with a DFlash drafter. Drop `{name}` "
                 "(or drop `assistant_model` to use that method instead)."
             )
+    if getattr(generation_config, "dola_layers", None) is not None:
+        raise ValueError(
+            f"dola_layers={generation_config.dola_layers!r} asks for DoLa decoding, which transformers skips when an "
+            "assistant model is given: drop `dola_layers` or drop `assistant_model`."
+        )
     if getattr(generation_config, "use_mtp", False):
         raise ValueError("`use_mtp=True` (multi-token prediction) cannot be combined with a DFlash drafter: drop one.")
     if (generation_config.num_beams or 1) > 1:
@@ -70,6 +75,42 @@ def _check_generation_config(generation_config, drafter):
         raise ValueError(
             f"num_return_sequences={generation_config.num_return_sequences} is not supported with a DFlash drafter "
             "(speculative decoding runs one sequence). Use num_return_sequences=1 and call generate() once per sample."
+        )
+
+
+def _check_builtin_path(drafter, do_sample: bool) -> None:
+    """speculation_type="dflash": transformers' own generator drives the drafter; say what it cannot use."""
+    if getattr(drafter.config, "context", "hidden") != "hidden":
+        raise ValueError(
+            f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
+            f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
+            "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
+    if getattr(drafter, "draft_to_target", None) is not None:
+        warnings.warn(
+            "speculation_type='dflash' runs transformers' built-in DFlash generator, which scores the "
+            "proposals with the target's full LM head: this drafter's draft vocabulary "
+            f"({drafter.config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
+            "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
+            stacklevel=5,
+        )
+    config = drafter.config
+    ignored = {name: value for name, value in (("max_proposals", getattr(config, "max_proposals", None)),
+                                                ("proposal_threshold", getattr(config, "proposal_threshold", 0.0)))
+               if value not in (None, 0.0, config.block_size - 1)}
+    if do_sample and getattr(config, "proposal_policy", "argmax") == "argmax":
+        ignored["proposal_policy"] = "argmax"
+    if ignored:
+        warnings.warn(
+            "speculation_type='dflash' runs transformers' built-in DFlash generator, which proposes a whole block "
+            f"(argmax, or sampled under do_sample): this drafter's {ignored} are not applied. Drop speculation_type "
+            "to use them.",
+            stacklevel=5,
+        )
+    if drafter.retrace is not None:
+        warnings.warn(
+            "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "
+            "ReTrace memory: this ReTrace drafter runs as plain DFlash. Drop speculation_type to use ReTrace.",
+            stacklevel=5,
         )
 
 
@@ -95,25 +136,7 @@ def install_dispatch() -> None:
             drafter.last_stats = None  # transformers' own generator runs: no statistics from this call
         if drafter is not None and _get_candidate_generator.enabled:
             if getattr(config, "speculation_type", None) == "dflash":
-                if getattr(drafter.config, "context", "hidden") != "hidden":
-                    raise ValueError(
-                        f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
-                        f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
-                        "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
-                if getattr(drafter, "draft_to_target", None) is not None:
-                    warnings.warn(
-                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which scores the "
-                        "proposals with the target's full LM head: this drafter's draft vocabulary "
-                        f"({drafter.config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
-                        "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
-                        stacklevel=4,
-                    )
-                if drafter.retrace is not None:
-                    warnings.warn(
-                        "speculation_type='dflash' runs transformers' built-in DFlash generator, which keeps no "
-                        "ReTrace memory: this ReTrace drafter runs as plain DFlash. Drop speculation_type to use ReTrace.",
-                        stacklevel=4,
-                    )
+                _check_builtin_path(drafter, bool(config.do_sample))
                 return original(self, *args, **kwargs)
             _check_single_sequence(bound.arguments["input_ids"])
             _check_generation_config(config, drafter)

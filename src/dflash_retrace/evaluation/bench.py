@@ -8,16 +8,23 @@ For every prompt, in the same run and on the same token ids:
   `generate(assistant_model=drafter, speculation_type="dflash")` (transformers' own DFlash path).
 
 Definitions (also written into the JSON under "definitions"):
-- a round is a target verification forward that checked at least one proposal; τ is tokens committed
-  per round, bonus included (1..B). `tau_pooled` averages over all rounds of all prompts,
-  `tau_prompt_mean` averages each prompt's mean;
+- a round is a drafter call and the target forward after it, as `generate(assistant_model=...)` records it
+  (`DFlashStats`): a round whose proposals were all cut (`proposal_threshold`, or a stopping criterion on its
+  first) counts, with 0 proposals and length 1; a step with no room for a proposal (the budget's last token) is not
+  a round, and proposals past the budget or after the first EOS are not counted (the baselines' logs are cut the
+  same way). τ is tokens committed per round, bonus included (1..B). `tau_pooled` averages over all rounds of all
+  prompts, `tau_prompt_mean` averages each prompt's mean;
 - prefill (time to first token) is timed by a separate `target.generate(max_new_tokens=1)` on the same
   ids (generate()'s setup included) and shared by all methods; decode time = end-to-end time - prefill;
+- every comparison (speedup and agreement against `plain`, τ ratios between drafters, overheads against the
+  baselines) is over the prompts both methods completed, with the number compared (and, for agreement and τ
+  ratios, the number left out for an error) in the JSON;
 - speedup = end-to-end time of `plain` / time of the method, summed over prompts both completed
   (equal to the tokens/s ratio when the outputs are identical, as under greedy decoding); its spread is the
   per-prompt ratios' min / median / max, and a decode-rate ratio above its bound τ is flagged as a measurement
   fault;
-- methods run in turn on each prompt, in reverse order on every other prompt; warm-up calls are excluded;
+- methods run in turn on each prompt, in reverse order on every other prompt; warm-up calls are excluded; at T > 0
+  every method samples from the same seed on the same turn, and each turn of each prompt from its own;
   on CUDA the device is synchronised before every clock read.
 """
 
@@ -42,18 +49,22 @@ from ..prompts import load_prompts
 from ..runtime import INFERENCE_DTYPE_HELP, cudnn_sdpa, encode_messages, environment, load_drafter, load_target
 from .methods import BUILTIN, PLAIN, REFERENCE, SPECULATIVE, Methods, clock
 from .metrics import (agreement, merge_suffix_matches, paired_ratio_interval, rejected_suffix_matches,
-                      speedup_bound_fault, spread, summarize_rounds)
+                      speedup_bound_fault, spread, summarize_rounds, tau_pooled)
 from .report import format_report, plot_results
 
 __all__ = ["BenchConfig", "MeasureOptions", "register_cli", "run_benchmark"]
 
 SCHEMA = "dflash-retrace/bench/v1"
 WARMUP_TOKENS = 16  # per method, on the first prompt, before any clock runs
+TURN_SEED_STRIDE = 1_000_000  # sampling seeds of later turns: distinct from every first turn's below 10**6 prompts
 
 DEFINITIONS = {
-    "round": "one target verification forward that checked >= 1 proposal; budget-limited proposals that could "
-             "never be committed are not counted (rounds left with none are plain steps)",
-    "acceptance_length": "tokens committed by a round, bonus token included (1..block_size)",
+    "round": "one drafter call and the target forward after it, as generate(assistant_model=...) records it in "
+             "DFlashStats: a round whose proposals were all cut (proposal_threshold, or a stopping criterion on the "
+             "first) counts, with 0 proposals and length 1; a step with no room for a proposal (the budget's last "
+             "token) is not a round; proposals past the budget or after the first EOS are not counted (z-lab's and "
+             "transformers' logs are cut the same way)",
+    "acceptance_length": "tokens committed by a round, bonus token included (1..block_size; 1 with 0 proposals)",
     "tau_pooled": "mean acceptance length over all rounds of all prompts",
     "tau_prompt_mean": "mean over prompts of each prompt's mean acceptance length",
     "histogram": "counts/fractions of acceptance lengths 1..block_size over all rounds",
@@ -69,12 +80,17 @@ DEFINITIONS = {
                          "valid when outputs differ in length)",
     "measurement_fault": "set when decode_rate_ratio exceeds its bound tau_pooled (1 without rounds): a round "
                          "commits at most tau tokens for at least one plain decode step's cost: a timing fault",
-    "agreement": "exact_rate: prompts whose tokens equal plain's; prefix_rate: tokens before the first divergence "
-                 "/ tokens of the longer output, pooled",
+    "agreement": "over the prompts the method and plain both completed (num_prompts; num_errors: left out for an "
+                 "error in either): exact_rate: prompts whose tokens equal plain's; prefix_rate: tokens before the "
+                 "first divergence / tokens of the longer output, pooled",
+    "tau_ratios": "tau_pooled of the main drafter over a compared drafter's, both pooled over the prompts both "
+                  "completed (tau_ratio_prompts: num_prompts compared, num_errors left out for an error in either)",
     "overhead": "our generator against z-lab's loop / transformers' built-in path on the prompts both completed: "
                 "time_ratio (end to end), decode_time_ratio, round_time_ratio (decode seconds per round), each "
-                "*_ci95 a 95% paired-bootstrap interval over prompts",
+                "*_ci95 a 95% paired-bootstrap interval over prompts; same_acceptance_lengths is None over 0 prompts",
     "multi_turn": "later turns are rendered with plain generate's earlier answers, so every method sees the same ids",
+    "sampling_seed": f"T > 0: torch.manual_seed(seed + prompt index + {TURN_SEED_STRIDE} * turn index) before every "
+                     "method's call: the same stream for every method on a turn, a stream of its own for each turn",
 }
 
 UNTRAINED_NOTE = (
@@ -173,6 +189,12 @@ def _finite(value):
     return value
 
 
+def _sampling_seed(seed: int, index: int, turn_index: int) -> int:
+    """The torch seed of one turn of one prompt, the same for every method (T > 0: the same sampling stream): seed +
+    prompt index on the first turn, and a stream of its own for each later turn (not the first turn's again)."""
+    return seed + index + TURN_SEED_STRIDE * turn_index
+
+
 def _run_prompt(methods: Methods, names: list, item: dict, index: int, tokenizer, enable_thinking: bool,
                 device: torch.device, seed: int) -> tuple:
     """All methods on one prompt (every turn): ({name: _Row}, prompt token counts, prefill seconds)."""
@@ -198,7 +220,7 @@ def _run_prompt(methods: Methods, names: list, item: dict, index: int, tokenizer
             row = rows[name]
             if row.error:
                 continue
-            torch.manual_seed(seed + index)  # the same sampling stream for every method (T > 0)
+            torch.manual_seed(_sampling_seed(seed, index, turn_index))  # the same stream for every method (T > 0)
             try:
                 with torch.no_grad():
                     t0 = clock(device)
@@ -290,7 +312,8 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
             summary["speedup_spread"] = spread([_ratio(p["methods"][PLAIN]["total_s"], p["methods"][name]["total_s"])
                                                 for p in pair])
             check = agreement([all_rows[i][PLAIN].new_ids for i in both], [all_rows[i][name].new_ids for i in both])
-            summary["agreement"] = {k: check[k] for k in ("num_prompts", "exact_rate", "prefix_rate")}
+            summary["agreement"] = {**{k: check[k] for k in ("num_prompts", "exact_rate", "prefix_rate")},
+                                    "num_errors": len(prompt_rows) - len(both)}
             summary.update(summarize_rounds([p["methods"][name]["acceptance_lengths"] for p in ok],
                                             [p["methods"][name]["num_proposals"] for p in ok], block_sizes[name]))
             summary["ms_per_round"] = _ratio(1000 * decode_s, summary["num_rounds"])
@@ -320,17 +343,22 @@ def _summary(prompt_rows: list, all_rows: list, names: list, block_sizes: dict) 
                                                              m[name]["decode_s"], m[name]["rounds"])
                                                             for m in (p["methods"] for p in both)]),
             "same_acceptance_lengths": all(p["methods"][SPECULATIVE]["acceptance_lengths"] ==
-                                           p["methods"][name]["acceptance_lengths"] for p in both),
+                                           p["methods"][name]["acceptance_lengths"] for p in both) if both else None,
         }
-    tau_ratios = {}
-    for name in names:  # the main drafter's τ over each compared drafter's, pooled over all their rounds
+    tau_ratios, tau_ratio_prompts = {}, {}
+    for name in names:  # the main drafter's τ over each compared drafter's, over the prompts both completed
         if name.startswith(f"{SPECULATIVE}:"):
-            ours, theirs = methods[SPECULATIVE].get("tau_pooled"), methods[name].get("tau_pooled")
+            both = [p for p in prompt_rows if done(p, SPECULATIVE) and done(p, name)]
+            ours, theirs = (tau_pooled([p["methods"][n]["acceptance_lengths"] for p in both])
+                            for n in (SPECULATIVE, name))
             tau_ratios[f"{SPECULATIVE}/{name}"] = _ratio(ours or 0.0, theirs or 0.0)
+            tau_ratio_prompts[f"{SPECULATIVE}/{name}"] = {"num_prompts": len(both),
+                                                          "num_errors": len(prompt_rows) - len(both)}
     turns = sum(p["turns"] for p in prompt_rows)
     prefill_s = sum(p["prefill_s"] for p in prompt_rows)
     return {
         "tau_ratios": tau_ratios,
+        "tau_ratio_prompts": tau_ratio_prompts,
         "num_prompts": len(prompt_rows),
         "num_prompts_with_errors": sum(1 for p in prompt_rows if any(m["error"] for m in p["methods"].values())),
         "prefill_s": prefill_s,

@@ -78,22 +78,46 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _budget_rounds(produced: list, max_new_tokens: int, block_size: int) -> tuple:
-    """(acceptance lengths, proposals) in this module's definition, from z-lab's per-round `produced` counts.
+def _counted_proposals(drafts: list, limit: int, stop_ids) -> int:
+    """Proposals a baseline's round counts: at most `limit` (what the budget can commit), and none after the first
+    stop id among them (nothing after an EOS can be committed), as this library's generator cuts its drafts."""
+    limit = max(0, min(limit, len(drafts)))
+    return next((k + 1 for k, token in enumerate(drafts[:limit]) if token in stop_ids), limit)
 
-    z-lab's loop verifies a full block even when fewer tokens fit the budget (and then clips what it
-    commits); proposals that could never be committed are not counted, and a round left with none is a
-    plain step, as in this library's generator.
+
+def _budget_rounds(produced: list, drafts: list, max_new_tokens: int, block_size: int, stop_ids) -> tuple:
+    """(acceptance lengths, proposals) in this module's definition, from z-lab's per-round `produced` counts and
+    `drafts`, the proposals each round verified.
+
+    z-lab's loop verifies a full block even when fewer tokens fit the budget (and then clips what it commits), and
+    verifies the proposals after an EOS too; proposals that could never be committed are not counted (past the
+    budget, or after the first id of `stop_ids`), and a round left with none is a plain step, as in this library's
+    generator.
     """
+    if len(drafts) != len(produced):
+        raise RuntimeError(f"z-lab's loop reported {len(produced)} rounds but {len(drafts)} verified blocks were "
+                           "recorded: its loop no longer calls the target once per round as this log assumes")
     lengths, counts, offset = [], [], 1  # the first new token comes from prefill
-    for d in produced:
+    for d, proposals in zip(produced, drafts):
         remaining = max_new_tokens - offset  # tokens still allowed, the bonus included
         k = min(block_size - 1, remaining - 1)
         if k >= 1:
             lengths.append(int(d))
-            counts.append(k)
+            counts.append(_counted_proposals(proposals, k, stop_ids))
         offset += int(d)
     return lengths, counts
+
+
+def _token_lists(blocks: list) -> list:
+    """1-D id tensors -> lists, through one host copy (not one per round)."""
+    if not blocks:
+        return []
+    flat = torch.cat([b.reshape(-1) for b in blocks]).tolist()
+    out, start = [], 0
+    for b in blocks:
+        out.append(flat[start:start + b.numel()])
+        start += b.numel()
+    return out
 
 
 class Methods:
@@ -106,6 +130,7 @@ class Methods:
         self.temperature = temperature
         self.block_size = drafter.config.block_size
         self.stop_ids = eos_token_ids(target) or None
+        self._stops = set(self.stop_ids or ())
         pad = target.generation_config.pad_token_id
         pad = pad if pad is not None else (self.stop_ids[0] if self.stop_ids else None)
         self.kwargs = {"do_sample": temperature > 0, "pad_token_id": pad}
@@ -160,12 +185,20 @@ class Methods:
     def zlab_reference(self, input_ids, max_new_tokens):
         from dflash.model import dflash_generate
 
-        with _reference_clock(input_ids.device), warnings.catch_warnings():
-            # z-lab 0.1.0 still passes `past_key_values=` to the target (renamed `cache=` in transformers 5.24)
-            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-            result = dflash_generate(self.reference, self.target, input_ids, max_new_tokens, self.stop_ids,
-                                     temperature=self.temperature, return_stats=True)
-        lengths, counts = _budget_rounds(result.acceptance_lengths, max_new_tokens, self.block_size)
+        blocks = []  # every target call's ids: the prefill's, then each round's [anchor, proposals...]
+        hook = self.target.register_forward_pre_hook(
+            lambda module, args, kwargs: blocks.append(args[0] if args else kwargs["input_ids"]), with_kwargs=True)
+        try:
+            with _reference_clock(input_ids.device), warnings.catch_warnings():
+                # z-lab 0.1.0 still passes `past_key_values=` to the target (renamed `cache=` in transformers 5.24)
+                warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+                result = dflash_generate(self.reference, self.target, input_ids, max_new_tokens, self.stop_ids,
+                                         temperature=self.temperature, return_stats=True)
+        finally:
+            hook.remove()
+        drafts = _token_lists([block[0, 1:] for block in blocks[1:]])
+        lengths, counts = _budget_rounds(result.acceptance_lengths, drafts, max_new_tokens, self.block_size,
+                                         self._stops)
         return Generation(result.output_ids[0, input_ids.shape[1]:].tolist(), lengths, counts)
 
     def transformers_builtin(self, input_ids, max_new_tokens):
@@ -173,8 +206,9 @@ class Methods:
         with _record_builtin_rounds(log):
             new_ids = self._generate(input_ids, max_new_tokens, assistant_model=self.drafter, speculation_type="dflash")
         lengths, counts = [], []
-        for committed, proposals, remaining in log:
-            k = min(proposals, remaining - 1)
+        drafts = _token_lists([proposals for *_, proposals in log])
+        for (committed, _, remaining, _), proposals in zip(log, drafts):
+            k = _counted_proposals(proposals, remaining - 1, self._stops)
             if k >= 1:
                 lengths.append(committed)
                 counts.append(k)
@@ -199,24 +233,38 @@ def _reference_clock(device: torch.device):
 
 @contextlib.contextmanager
 def _record_builtin_rounds(log: list):
-    """Logs (committed, proposals, remaining budget) per round of transformers' built-in DFlash generator."""
+    """Logs (committed, proposals, remaining budget, the proposals' ids) per round of transformers' built-in DFlash
+    generator."""
     from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator as Builtin
 
-    had_own = "update_candidate_strategy" in Builtin.__dict__
-    original = Builtin.update_candidate_strategy
+    pending = []  # the proposals of the round being verified
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        candidate_ids, candidate_logits = originals["get_candidates"](self, input_ids, *args, **kwargs)
+        pending[:] = [candidate_ids[0, input_ids.shape[1]:]]
+        return candidate_ids, candidate_logits
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         proposals = scores.shape[1] - 1  # scores cover the proposals and the bonus position
         if proposals > 0:
+            if not pending or pending[0].numel() != proposals:
+                raise RuntimeError("transformers' built-in DFlash round verified proposals its get_candidates did not "
+                                   "return: the round log cannot tell which proposals it counts")
             committed = int(num_matches) + 1
-            log.append((committed, proposals, self.main_model_max_length - (input_ids.shape[1] - committed)))
-        return original(self, input_ids, scores, num_matches)
+            log.append((committed, proposals, self.main_model_max_length - (input_ids.shape[1] - committed),
+                        pending.pop()))
+        return originals["update_candidate_strategy"](self, input_ids, scores, num_matches)
 
-    Builtin.update_candidate_strategy = update_candidate_strategy
+    patches = {"get_candidates": get_candidates, "update_candidate_strategy": update_candidate_strategy}
+    originals = {name: getattr(Builtin, name) for name in patches}
+    had_own = {name: name in Builtin.__dict__ for name in patches}
+    for name, patch in patches.items():
+        setattr(Builtin, name, patch)
     try:
         yield
     finally:
-        if had_own:
-            Builtin.update_candidate_strategy = original
-        else:
-            del Builtin.update_candidate_strategy
+        for name in patches:
+            if had_own[name]:
+                setattr(Builtin, name, originals[name])
+            else:
+                delattr(Builtin, name)

@@ -1,8 +1,11 @@
 """Acceptance metrics over round logs (τ: tokens committed per round, bonus included), pure functions with no torch.
 
-A round is one target verification forward that checked at least one proposal. Per round we keep
+A round is one drafter call and the target forward after it, as `generate(assistant_model=...)` records it
+(`DFlashStats`); a round whose proposals were all cut (`proposal_threshold`, or a stopping criterion on the first)
+counts, with 0 proposals and length 1. Per round we keep
 - the acceptance length: tokens it committed, bonus included (1..B);
-- the number of proposals it verified (1..K, K = B - 1; fewer near the token budget or at EOS).
+- the number of proposals it verified (0..K, K = B - 1; fewer near the token budget, at EOS, under `max_proposals`
+  or `proposal_threshold`).
 
 A run's log is one list of rounds per prompt: `acceptance_lengths[p][r]`, `num_proposals[p][r]`.
 """
@@ -77,7 +80,9 @@ def acceptance_histogram(acceptance_lengths: list, block_size: int) -> dict:
 def per_slot_acceptance(acceptance_lengths: list, num_proposals: list, block_size: int) -> dict:
     """Per proposal slot k = 1..K: rounds that proposed slot k, rounds that accepted it, and the rate.
 
-    Slot k is accepted when the round accepted at least k proposals (acceptance length >= k + 1).
+    Slot k is accepted when the round accepted at least k proposals (acceptance length >= k + 1). One exception,
+    transformers' own accounting: a round that ends on an accepted EOS proposal commits that EOS as its bonus token,
+    so the EOS slot counts as not accepted (at most one round per generation; τ, tokens per round, is unaffected).
     The rate is accepted / proposed (nan where no round proposed slot k), i.e. P(slot k accepted |
     slot k proposed): it includes the chance that an earlier slot was rejected.
     """

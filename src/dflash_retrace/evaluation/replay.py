@@ -215,8 +215,9 @@ class References:
 def paired_tau_ratio_interval(num: list, den: list, reps: int = 2000, seed: int = 0) -> list | None:
     """95% paired-bootstrap interval over prompts of τ_num / τ_den, each τ pooled over the resampled prompts.
 
-    `num`, `den`: per prompt, the list of acceptance lengths of each drafter (same prompts, same order)."""
-    return paired_ratio_interval([(sum(a), len(a), sum(b), len(b)) for a, b in zip(num, den) if a and b], reps, seed)
+    `num`, `den`: per prompt, the list of acceptance lengths of each drafter (same prompts, same order). Every prompt
+    counts, as in the point estimate (a prompt where one drafter had no rounds still adds the other's)."""
+    return paired_ratio_interval([(sum(a), len(a), sum(b), len(b)) for a, b in zip(num, den)], reps, seed)
 
 
 def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
@@ -276,7 +277,7 @@ def run_replay(target, drafter, config: ReplayConfig | None = None, tokenizer=No
         raise TypeError(f"run_replay(target, drafter, config) takes a ReplayConfig, got {type(config).__name__}: "
                         "pass the other settings by keyword (dataset=..., max_samples=...).")
     cfg = ReplayConfig(**{**(vars(config) if config else {}), **overrides})
-    bench_cfg = BenchConfig(device=cfg.device, dtype=cfg.dtype, max_proposals=cfg.max_proposals,
+    bench_cfg = BenchConfig(device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, max_proposals=cfg.max_proposals,
                             proposal_threshold=cfg.proposal_threshold, compare=cfg.compare)
     notes = []
     target, tokenizer, drafter, compared, names = _load(target, drafter, bench_cfg, tokenizer, notes)
@@ -347,7 +348,12 @@ def format_replay(report: dict) -> str:
     for label, m in summary["methods"].items():
         ratio = summary["tau_ratios"].get(f"{MAIN}/{label}")
         ci = ratio and ratio["ci95"]
-        cell = "1" if ratio is None else f"{ratio['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        if ratio is None:  # the main drafter itself
+            cell = "1"
+        elif ratio["ratio"] is None:  # a drafter without rounds (e.g. a budget of 1 or 2 tokens): no τ ratio
+            cell = "-"
+        else:
+            cell = f"{ratio['ratio']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
         rate = m["per_slot"]["rate"] + [math.nan] * 3
         slots = " | ".join("-" if r is None or r != r else f"{r:.3f}" for r in rate[:3])
         tau = "-" if m["tau_pooled"] is None else f"{m['tau_pooled']:.3f}"

@@ -17,6 +17,11 @@ def _interval(bounds) -> str:
     return "" if bounds is None else f" [{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
 
+def _left_out(agreement: dict) -> str:
+    n = agreement.get("num_errors")  # absent in reports written before it was recorded
+    return f" ({n} prompt{'s' if n > 1 else ''} with an error not compared)" if n else ""
+
+
 def format_report(report: dict) -> str:
     """The compact terminal table (and the lines under it) for a report from `run_benchmark`."""
     config, summary = report["config"], report["summary"]
@@ -52,7 +57,7 @@ def format_report(report: dict) -> str:
         if m.get("measurement_fault"):
             lines.append(f"{name}: {m['measurement_fault']}")
     if config["temperature"] == 0:
-        rates = ", ".join(f"{name} {_fmt(m['agreement']['exact_rate'], '.0%')}"
+        rates = ", ".join(f"{name} {_fmt(m['agreement']['exact_rate'], '.0%')}" + _left_out(m["agreement"])
                           for name, m in summary["methods"].items() if m.get("agreement"))
         exact = "must be 100% (exact)" if env["dtype"] == "float32" else "exact only up to near-ties in this dtype"
         lines.append(f"greedy output identical to plain generate() ({env['dtype']}: {exact}): {rates} of prompts")
@@ -72,7 +77,11 @@ def format_report(report: dict) -> str:
                          f"{_fmt(rate['1'], '.1%')}; ReTrace memory in {_fmt(spec['memory_rounds_share'], '.0%')} of "
                          f"rounds, {_fmt(spec['memory_slots_mean'], '.2f')} slots per round")
     for key, ratio in summary.get("tau_ratios", {}).items():
-        lines.append(f"τ ratio {key}: {_fmt(ratio, '.3f')} (pooled τ of the main drafter over the compared one)")
+        covered = summary.get("tau_ratio_prompts", {}).get(key)
+        over = "" if covered is None else (
+            f", over the {covered['num_prompts']} prompts both completed"
+            + (f" ({covered['num_errors']} left out: an error in either)" if covered["num_errors"] else ""))
+        lines.append(f"τ ratio {key}: {_fmt(ratio, '.3f')} (pooled τ of the main drafter over the compared one{over})")
     for label, name in config.get("compare", {}).items():
         lines.append(f"{SPECULATIVE}:{label} = {name}")
     for key, o in summary["overhead"].items():
@@ -80,7 +89,7 @@ def format_report(report: dict) -> str:
                      f"{_interval(o.get('time_ratio_ci95'))}, decode {_fmt(o['decode_time_ratio'], '.3f')}, per round "
                      f"{_fmt(o['round_time_ratio'], '.3f')}{_interval(o.get('round_time_ratio_ci95'))} over "
                      f"{o['num_prompts']} prompts (95% paired bootstrap); same acceptance lengths: "
-                     f"{o['same_acceptance_lengths']}")
+                     f"{_fmt(o['same_acceptance_lengths'], '')}")
     errors = [(p["id"], name, m["error"]) for p in report["prompts"] for name, m in p["methods"].items() if m["error"]]
     if errors:
         lines.append(f"ERRORS ({len(errors)}):")

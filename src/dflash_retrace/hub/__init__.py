@@ -29,6 +29,7 @@ What the model card reads, when present in DRAFTER_DIR (and copies into the expo
 """
 
 import argparse
+from pathlib import Path
 
 from ..runtime import load_drafter
 from ..templates import TEMPLATES, load_template_config, template_config
@@ -112,6 +113,11 @@ def _cmd_templates(args) -> int:
 
 
 def _cmd_payload(args) -> int:
+    for folder in args.folders:  # all checked before anything is written
+        if not (Path(folder) / "config.json").is_file():
+            what = "does not exist" if not Path(folder).exists() else "holds no config.json"
+            raise FileNotFoundError(f"payload: {folder} {what}; pass a saved drafter folder (one with config.json), "
+                                    "e.g. `dflash-retrace payload hub_configs/smollm2-135m-instruct-dflash`.")
     for folder in args.folders:
         for path in write_payload(folder):
             print(path)

@@ -71,10 +71,12 @@ class TrainConfig:
     eval_features: str | None = option(None, "a second feature store that is the held-out set (every row, at most "
                                              "256; --eval-size >= 1 caps the count): the --features store(s) are then "
                                              "trained on whole, and a row in both is an error")
-    max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond")
+    max_length: int = option(3072, "tokens per sequence (prompt + response), truncated beyond (the rows cut are "
+                                   "counted and printed)")
     max_anchors: int = option(512, "blocks per sequence (random anchors; ReTrace: replayed rounds)")
     loss_vocab: str = option("full", "softmax of the loss: the full vocabulary, or the tokens of the training "
-                                     "sequences plus EOS (a cheaper LM head, most of a CPU step); held-out metrics "
+                                     "sequences plus EOS and the target's labels with --labels target/target-chain "
+                                     "(a cheaper LM head, most of a CPU step); held-out metrics "
                                      "and inference always use the full vocabulary", choices=["full", "data"])
     labels: str = option("data", "data: the sequences' own tokens (right for regenerate output); target: the "
                                  "target's argmax next token at each position, from the forward that computes the "
@@ -83,16 +85,20 @@ class TrainConfig:
                                  "every label is what verification would accept)",
                          choices=["data", "target", "target-chain"])
     draft_vocab_size: int | None = option(None, "fresh drafter: a draft vocabulary of this many target tokens (the "
-                                                "most frequent labels of the training split, EOS included); the "
-                                                "drafter's head and training softmax cover only those")
+                                                "most frequent of the labels --labels trains on, in the training "
+                                                "split, EOS included); the drafter's head and training softmax "
+                                                "cover only those")
     chat_template: bool = option(True, "render prompts with the tokenizer's chat template, as generation does")
     enable_thinking: bool = option(False, "pass enable_thinking=True to Qwen3-style templates")
-    eval_size: float = option(0.05, "held-out rows: a fraction (< 1) or a count (>= 1), at most 256; 0 disables")
+    eval_size: float = option(0.05, "held-out rows: a fraction (< 1) or a count (>= 1), at most 256; rows with the "
+                                    "same tokens are held out together or not at all; 0 disables")
     # Optimisation.
     epochs: int | None = option(None, "passes over the data; " + _per_stage("epochs"))
     max_steps: int | None = option(None, "optimizer updates (overrides --epochs)")
     batch_size: int = option(1, "sequences per micro-batch per process")
-    grad_accum: int = option(1, "micro-batches per optimizer update")
+    grad_accum: int = option(1, "micro-batches per optimizer update (each micro-batch's loss is its own weighted "
+                                "mean over its slots, and the update averages them: a micro-batch of few "
+                                "supervised slots weighs as much as one of many)")
     lr: float | None = option(None, "peak learning rate; " + _per_stage("lr"))
     weight_decay: float = option(0.01, "AdamW weight decay, on matrices only (not norms or biases)")
     new_weights_lr_scale: float = option(1.0, "learning-rate multiplier for the option modules' weights (ReTrace, "
@@ -127,7 +133,9 @@ class TrainConfig:
     # Checkpoints, logging, evaluation.
     checkpoint_every: int = option(500, "updates between checkpoints/step-N; 0: none")
     keep_checkpoints: int = option(2, "newest checkpoints kept")
-    resume: bool = option(False, "continue from the newest checkpoint in the output folder")
+    resume: bool = option(False, "continue from the newest checkpoint in the output folder; the options that set "
+                                 "the data, its order, split and schedule, the number of processes and the rows "
+                                 "must be the saved run's (train_config.json, train_data.json)")
     log_every: int = option(10, "updates between log lines")
     report_to: str | None = option(None, "accelerate tracker: tensorboard, wandb, ...")
     progress: bool = option(True, "progress bars")

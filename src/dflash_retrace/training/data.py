@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -13,9 +14,10 @@ import torch
 from ..generation_dflash import ReTraceMemory
 from ..prompts import read_jsonl
 from ..runtime import encode_prompt, prompt_messages
-from .objective import pad_anchors, sample_anchors
+from .objective import pad_anchors, sample_anchors, target_labels
 
-__all__ = ["Example", "anchor_generator", "collate", "epoch_batches", "load_rows", "split_held_out", "tokenize_rows"]
+__all__ = ["Example", "anchor_generator", "collate", "epoch_batches", "label_counts", "load_rows", "rows_sha256",
+           "split_held_out", "tokenize_rows", "tokens_sha256"]
 
 
 def load_rows(data, split: str = "train") -> list[dict]:
@@ -49,20 +51,25 @@ class Example:
     loss_mask: torch.Tensor  # (T,) bool, True on response tokens
     prompt_length: int
     row_id: str = ""
+    truncated: bool = False  # cut at `max_length` by `tokenize_rows`
 
 
 def tokenize_rows(rows, tokenizer, max_length=3072, chat_template=True, enable_thinking=False, eos_token_id=None):
     """Rows -> Examples. A row is chat `messages` (the last turn is the assistant's response), `prompt` +
-    `response`, or pre-tokenized `input_ids` + `loss_mask`.
+    `response`, or pre-tokenized `input_ids` + `loss_mask` (one entry per id).
 
     The prompt is encoded exactly as generation encodes it (`runtime.encode_prompt`); the response is tokenized
     on its own and followed by the EOS the target emitted (the row's `eos_token_id`, which `regenerate` records;
     else `eos_token_id`, an id or a list whose first entry is used: see `runtime.eos_token_ids`) unless the row
     says `finish_reason: "length"`, so the drafter learns to propose the end the target really emits.
+
+    Sequences longer than `max_length` are cut (flagged `truncated`); how many, and how many of them lost all their
+    response tokens or their final EOS, is printed.
     """
+    eos_ids = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]) - {None}
     if isinstance(eos_token_id, (list, tuple)):
         eos_token_id = eos_token_id[0] if eos_token_id else None
-    examples = []
+    examples, cut, cut_response, cut_eos, eos_known = [], 0, 0, 0, bool(eos_ids)
     for index, row in enumerate(rows):
         row_id = str(row.get("id", index))
         where = f"data row {row_id}"
@@ -72,6 +79,9 @@ def tokenize_rows(rows, tokenizer, max_length=3072, chat_template=True, enable_t
                 raise ValueError(f"{where}: pre-tokenized rows need `loss_mask` (1 on response tokens) "
                                  "with `input_ids`.")
             mask = torch.as_tensor(row["loss_mask"]).view(-1).bool()
+            if mask.numel() != ids.numel():
+                raise ValueError(f"{where}: `loss_mask` has {mask.numel()} entries but `input_ids` has {ids.numel()}: "
+                                 "give one loss_mask entry (1 on response tokens) per token id.")
             supervised = mask.nonzero()
             prompt_length = int(supervised[0]) if supervised.numel() else ids.numel()
         else:
@@ -95,28 +105,73 @@ def tokenize_rows(rows, tokenizer, max_length=3072, chat_template=True, enable_t
             mask = torch.zeros(ids.numel(), dtype=torch.bool)
             mask[len(prompt_ids):] = True
             prompt_length = len(prompt_ids)
-        examples.append(Example(ids[:max_length], mask[:max_length], min(prompt_length, max_length), row_id))
+        truncated = ids.numel() > max_length
+        if truncated:
+            cut += 1
+            cut_response += bool(mask.any()) and not bool(mask[:max_length].any())
+            ends = eos_ids | ({int(row["eos_token_id"])} if row.get("eos_token_id") is not None else set())
+            cut_eos, eos_known = cut_eos + (int(ids[-1]) in ends), eos_known or bool(ends)  # the end to learn
+        examples.append(Example(ids[:max_length], mask[:max_length], min(prompt_length, max_length), row_id,
+                                truncated))
+    if cut:
+        print(f"[data] {cut} of {len(examples)} rows are longer than max_length={max_length} tokens and were cut: "
+              f"{cut_response} lost all their response tokens" + (f", {cut_eos} their final EOS" if eos_known else "")
+              + " (raise --max-length to keep them whole)")
     return examples
 
 
+def tokens_sha256(example) -> str:
+    """sha256 of an example's token ids (int32 bytes, as a feature store's manifest records them; a stored row's is
+    read from there)."""
+    if hasattr(example, "store"):  # a features.StoredRef
+        return example.store.rows[example.index]["sha256"]
+    return hashlib.sha256(example.input_ids.to(torch.int32).numpy().tobytes()).hexdigest()
+
+
+def rows_sha256(examples) -> str:
+    """sha256 of the ids and token ids of `examples`, in order: which rows a run trains on, and in which order."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps([ex.row_id, tokens_sha256(ex)]).encode() + b"\n")
+    return h.hexdigest()
+
+
 def split_held_out(examples, eval_size, seed):
-    """(train, held_out): a seeded random held-out slice."""
+    """(train, held_out): a seeded random held-out slice. Rows with the same token ids fall on the same side (a
+    held-out row's copy in the training split would make the held-out figures optimistic)."""
     n = len(examples)
     count = int(eval_size) if eval_size >= 1 else int(n * eval_size)
     count = min(count, 256, max(0, n - 1))
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    held = set(order[:count])
+    keys = [tokens_sha256(e) for e in examples] if count else []
+    copies = {}
+    for i, key in enumerate(keys):
+        copies.setdefault(key, []).append(i)
+    held = set()
+    for i in order[: n if count else 0]:
+        group = copies[keys[i]]
+        if i not in held and len(held) + len(group) <= count:  # a group too big for what is left stays in training
+            held.update(group)
+        if len(held) == count:
+            break
     return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 
-def label_counts(examples, vocab_size: int) -> torch.Tensor:
-    """(vocab_size,) counts of the supervised labels: a stored row's target labels, else the tokens themselves."""
+def label_counts(examples, vocab_size: int, labels: str = "data", target=None) -> torch.Tensor:
+    """(vocab_size,) counts of the labels trained on at supervised positions: the tokens themselves (`labels`
+    "data"), else the target's labels (`target_labels`: a stored row's own, else from a forward of `target`)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ex in examples:
-        labels = getattr(ex, "labels", None)
-        labels = ex.input_ids if labels is None else labels
-        counts += torch.bincount(labels[ex.loss_mask.bool()], minlength=vocab_size)[:vocab_size]
+        if labels == "data":
+            supervised = ex.input_ids
+        elif hasattr(ex, "store"):  # a features.StoredRef
+            supervised = ex.labels
+        else:
+            ids = ex.input_ids[None].to(next(target.parameters()).device)
+            with torch.no_grad():
+                supervised = target_labels(ids, target(input_ids=ids).logits)[0].cpu()
+        counts += torch.bincount(supervised[ex.loss_mask.bool()], minlength=vocab_size)[:vocab_size]
     return counts
 
 

@@ -9,10 +9,11 @@ memory-maps them. Per token it holds:
 - the hidden states of the stored layers (`hidden_states[i + 1]` for i in `layer_ids`), bf16, concatenated,
 - optionally the target's top-k logits (ids int32, values fp16) for distillation.
 
-Layout of `store/`: `manifest.json` (target, layer ids, hidden size, tokenizer, chat-template flag, one entry
-per row with its shard, offset, length and the sha256 of its token ids) and per shard `shard-NNNNN.<field>.npy`
-(plain `.npy`, read with `numpy.load(mmap_mode="r")`). Shards are written whole and the manifest replaced
-atomically after each, so an interrupted build resumes where it stopped (rows already stored are skipped).
+Layout of `store/`: `manifest.json` (target, layer ids, hidden and vocabulary size, tokenizer, chat-template flag,
+one entry per row with its shard, offset, length and the sha256 of its token ids) and per shard
+`shard-NNNNN.<field>.npy` (plain `.npy`, read with `numpy.load(mmap_mode="r")`). Shards are written whole and the
+manifest replaced atomically after each, so an interrupted build resumes where it stopped (rows already stored are
+skipped; a resume with other build options, or whose data changed a stored row, is an error).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..config_cli import comma_ints, option
 from ..configuration_dflash import default_target_layer_ids
-from ..runtime import eos_token_ids
+from ..runtime import eos_token_ids, uses_chat_template
 from .data import load_rows, tokenize_rows
 from .objective import target_labels
 
@@ -76,6 +77,37 @@ def _ids_sha256(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int32).numpy().tobytes()).hexdigest()
 
 
+def _model_name(name) -> str:
+    """The repo or folder name of a model given by Hub id, local folder, registry name or Hub cache snapshot,
+    lowercased: a local copy of a Hub repo compares equal to its id."""
+    path = Path(str(name))
+    parts = (path.resolve() if path.exists() else path).parts  # "." or "../x": the folder's own name
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1].lower()
+    return parts[-1].lower() if parts else ""
+
+
+def _differing(recorded: dict, wanted: dict) -> dict:
+    """{key: (recorded, wanted)} for the keys whose values both dicts know (present, not None or "") and that
+    differ; model names (`target`, `tokenizer`) compare by `_model_name`."""
+    def same(k, a, b):
+        return _model_name(a) == _model_name(b) if k in ("target", "tokenizer") else a == b
+
+    return {k: (recorded[k], b) for k, b in wanted.items()
+            if recorded.get(k) not in (None, "") and b not in (None, "") and not same(k, recorded[k], b)}
+
+
+def _check_stored_rows(manifest: dict, examples, out_dir) -> None:
+    """Raises if a row of `examples` that the store already holds (by id) has other token ids than it had."""
+    stored = {row["id"]: row["sha256"] for row in manifest["rows"]}
+    changed = [e.row_id for e in examples if e.row_id in stored and _ids_sha256(e.input_ids) != stored[e.row_id]]
+    if changed:
+        raise ValueError(
+            f"{len(changed)} row(s) of the data have other tokens than the rows stored under the same id in {out_dir} "
+            f"(ids {changed[:5]}): the data changed since the store was built (rows inserted, removed or edited; rows "
+            "without an `id` are named by their index). Rebuild into a new --out.")
+
+
 def bytes_per_token(num_layers: int, hidden_size: int, top_k: int = 0) -> int:
     """Disk bytes per stored token: bf16 features, int32 token and label, bool mask, top-k ids and fp16 values."""
     return num_layers * hidden_size * 2 + 4 + 4 + 1 + top_k * (4 + 2)
@@ -118,17 +150,22 @@ def build_feature_store(target, examples, out_dir, layer_ids, top_k: int = 0, sh
     out_dir.mkdir(parents=True, exist_ok=True)
     layer_ids = [int(i) for i in layer_ids]
     hidden = target.config.get_text_config().hidden_size
+    build = {"layer_ids": layer_ids, "hidden_size": hidden, "vocab_size": target.config.get_text_config().vocab_size,
+             "top_k": top_k, **(meta or {})}
     manifest_path = out_dir / "manifest.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        if manifest["layer_ids"] != layer_ids or manifest["top_k"] != top_k:
+        # Every recorded build option but the data file's name (the rows themselves are compared below).
+        differ = _differing(manifest, {k: v for k, v in build.items() if k != "data"})
+        if differ:
             raise ValueError(
-                f"{out_dir} holds a store with layer_ids={manifest['layer_ids']}, top_k={manifest['top_k']}; "
-                f"asked for layer_ids={layer_ids}, top_k={top_k}. Use another --out folder, or the same settings "
-                "to resume it.")
+                f"{out_dir} holds a store built with "
+                + ", ".join(f"{k}={a!r} (this build: {b!r})" for k, (a, b) in differ.items())
+                + ": resuming would mix rows built two ways. Use another --out, or the same options as the store was "
+                "built with to resume it.")
+        _check_stored_rows(manifest, examples, out_dir)
     else:
-        manifest = {"schema": SCHEMA, "layer_ids": layer_ids, "hidden_size": hidden, "top_k": top_k,
-                    "feature_dtype": "bfloat16", "num_tokens": 0, "shards": [], "rows": [], **(meta or {})}
+        manifest = {"schema": SCHEMA, **build, "feature_dtype": "bfloat16", "num_tokens": 0, "shards": [], "rows": []}
     done = {row["id"] for row in manifest["rows"]}
     todo = [e for e in examples if e.row_id not in done]
     per_token = bytes_per_token(len(layer_ids), hidden, top_k)
@@ -313,12 +350,13 @@ def stored_features(items, width: int, device) -> tuple:
     return features.to(device), labels.to(device)
 
 
-_BUILD_KEYS = ("layer_ids", "hidden_size", "tokenizer", "chat_template", "enable_thinking", "target_dtype")
+_BUILD_KEYS = ("target", "layer_ids", "hidden_size", "vocab_size", "tokenizer", "chat_template", "enable_thinking",
+               "target_dtype")
 
 
 def _check_built_alike(train_store: FeatureStore, other: FeatureStore, role: str, keys=_BUILD_KEYS) -> None:
-    differ = {k: (train_store.manifest.get(k), other.manifest.get(k)) for k in keys
-              if train_store.manifest.get(k) != other.manifest.get(k)}
+    """Raises if the two manifests record different values for some key of `keys` (one unrecorded: unknown)."""
+    differ = _differing(train_store.manifest, {k: other.manifest.get(k) for k in keys})
     if differ:
         raise ValueError(f"The {role} {other.path} was not built like the training store {train_store.path}: "
                          + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in differ.items())
@@ -346,6 +384,33 @@ def open_stores(spec: str) -> list:
                              f"{spec!r} (ids {shared[:5]}): each row would be trained on twice. Drop that store, or "
                              "rebuild it without those rows.")
     return stores
+
+
+def check_stores_for_run(stores, target, tokenizer, config) -> None:
+    """Raises if a store was built from another target than `target` (its name, hidden size, vocabulary, tokenizer)
+    or renders prompts otherwise than `config` (`chat_template`, `enable_thinking`, as the tokenizer applies them:
+    without a chat template, both render raw text). What a manifest does not record is not compared."""
+    text_config = target.config.get_text_config()
+    name = getattr(target, "name_or_path", None) or None
+    templated = config.chat_template if tokenizer is None else uses_chat_template(tokenizer, config.chat_template)
+    run = {"target": name, "hidden_size": text_config.hidden_size, "vocab_size": text_config.vocab_size,
+           "tokenizer": getattr(tokenizer, "name_or_path", None) or None, "chat_template": templated,
+           "enable_thinking": config.enable_thinking if templated else None}
+    for store in {id(s): s for s in stores}.values():
+        recorded = dict(store.manifest)
+        if tokenizer is not None and recorded.get("chat_template") is not None:
+            recorded["chat_template"] = uses_chat_template(tokenizer, recorded["chat_template"])
+        if not recorded.get("chat_template"):
+            recorded["enable_thinking"] = None  # no effect without a chat template
+        differ = _differing(recorded, run)
+        if differ:
+            flags = " --no-chat-template" * (not config.chat_template) + " --enable-thinking" * config.enable_thinking
+            raise ValueError(
+                f"The feature store {store.path} was not built for this run: "
+                + ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in differ.items())
+                + ". Train with the target and prompt options it was built with (its manifest.json), or rebuild it "
+                f"for this run: `dflash-retrace features --target {name or 'TARGET'} --data ROWS --out NEW_STORE"
+                f"{flags}`.")
 
 
 def held_out_rows(train_stores: list, path, eval_size: float = 0) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .data import anchor_generator
-from .objective import dflash_block_loss, drafter_core, sample_anchors
+from .objective import dflash_block_loss, drafter_core, sample_anchors, target_features
 
 __all__ = ["HELD_OUT_SEED", "evaluate_slots", "held_out_metrics", "measure_acceptance"]
 
@@ -46,12 +46,15 @@ def measure_acceptance(target, drafter, prompts, max_new_tokens=256) -> dict:
 @torch.no_grad()
 def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=0, attention="dense",
                    labels="data") -> dict:
-    """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory). Stored rows
-    (`StoredRef`) bring their features and the target's labels (used unless `labels` is "data").
+    """Held-out DFlash loss and per-slot accuracy (slots 1..K, random anchors, no ReTrace memory), on the labels
+    training uses: unless `labels` is "data", the target's (`target_labels`), which stored rows (`StoredRef`) bring
+    with their features and other rows get from a target forward, as in training.
 
     The loss is the plain DFlash one whatever the training loss (`--loss vat` included), so runs stay comparable."""
     core = drafter_core(drafter)
     B = core.config.block_size
+    device = next(target.parameters()).device
+    kv_layer_ids = core.config.kv_layer_ids if core.config.context != "hidden" else None
     correct = torch.zeros(B)
     counted = torch.zeros(B)
     losses, lead, full = [], 0, 0
@@ -59,13 +62,17 @@ def evaluate_slots(drafter, target, examples, max_anchors=512, gamma=None, seed=
         anchors = sample_anchors(ex.loss_mask, max_anchors, generator=anchor_generator(seed, 1 << 20, index))
         if anchors.numel() == 0:
             continue
-        stored = {}
+        given = {}
         if hasattr(ex, "store"):  # a StoredRef
             row = ex.store[ex.index]
-            stored = {"features": row.features[None].to(next(target.parameters()).device),
-                      "label_ids": None if labels == "data" else row.labels}
+            given = {"features": row.features[None].to(device), "label_ids": None if labels == "data" else row.labels}
+        elif labels != "data":  # features, labels (and K/V) from one forward, as the training step computes them
+            features, label_ids, *kv = target_features(target, ex.input_ids[None].to(device),
+                                                       core.config.feature_layer_ids, with_labels=True,
+                                                       kv_layer_ids=kv_layer_ids)
+            given = {"features": features, "label_ids": label_ids[0], "target_kv": kv[0] if kv else None}
         loss, stats = dflash_block_loss(drafter, target, ex.input_ids, ex.loss_mask, anchors, gamma=gamma,
-                                        attention=attention, chain=labels == "target-chain", **stored)
+                                        attention=attention, chain=labels == "target-chain", **given)
         losses.append(float(loss))
         correct += stats["correct"].cpu()
         counted += stats["counted"].cpu()

@@ -22,8 +22,9 @@ Either stage: `step_embeddings` adds zero-initialised PAD-Rec step-position embe
 
 Output folder: the drafter (`save_pretrained`: weights, config with auto_map, payload code) or, with
 LoRA, the adapter (+ `base/` when the base drafter exists nowhere else); `summary.json`;
-`train_config.json`; `train_log.jsonl`; `checkpoints/step-N` (accelerate state, resumed from the latest
-with `resume=True`); for ReTrace, `rollouts/` (one file per training sequence, reused on resume; every
+`train_config.json`; `train_data.json` (the data, the rows of both splits hashed, the process count: with
+`train_config.json`, what `resume=True` checks); `train_log.jsonl`; `checkpoints/step-N` (accelerate state, resumed
+from the latest with `resume=True`); for ReTrace, `rollouts/` (one file per training sequence, reused on resume; every
 process reads all of them, so multi-node runs need `out_dir` on a shared filesystem).
 """
 
@@ -33,6 +34,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import time
@@ -47,9 +49,10 @@ from ..modeling_dflash import DFlashDrafter
 from ..runtime import eos_token_ids, load_drafter, warn_slow_bf16
 from ..templates import TEMPLATES, load_template_config
 from .config import LORA_TARGETS, TrainConfig
-from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
+from .data import collate, epoch_batches, label_counts, load_rows, rows_sha256, split_held_out, tokenize_rows
 from .held_out import HELD_OUT_SEED, evaluate_slots, held_out_metrics
-from .features import StoredRows, held_out_rows, open_stores, stored_features, stored_soft_targets
+from .features import (StoredRows, check_stores_for_run, held_out_rows, open_stores, stored_features,
+                       stored_soft_targets)
 from .init_layers import copy_target_layers
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
@@ -208,9 +211,10 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     save_dtype = getattr(torch, cfg.save_dtype) if cfg.save_dtype else next(target.parameters()).dtype
     eos_ids = eos_token_ids(target, tokenizer)  # the same set regenerate cuts at; a row's own end token first
     examples, train_examples, held_out = _examples(cfg, data, tokenizer, eos_ids)
+    _check_and_record_run(cfg, data, examples, train_examples, held_out, target, tokenizer, out_dir, accelerator)
 
     model = _prepare_model(target, cfg, drafter, out_dir, save_dtype, main)
-    coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids)
+    coverage = _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids, main)
     if cfg.features:
         for store in {id(s): s for s in examples.stores + [ref.store for ref in held_out]}.values():
             store.select_layers(drafter_core(model).config.feature_layer_ids)  # a clear error if it lacks them
@@ -220,9 +224,11 @@ def train_drafter(target, tokenizer, data, out_dir, config: TrainConfig | None =
     attention = _attention_kind(cfg, drafter_core(model), accelerator.device)
     dataset, rollout_tau = _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator)
     vocab = None
-    if cfg.loss_vocab == "data":  # every label is a token of some training sequence (every EOS included)
+    if cfg.loss_vocab == "data":  # every token of the training sequences and every EOS ...
         sequences = ([dataset[k]["input_ids"] for k in range(len(dataset))] if cfg.stage == "retrace"
                      else [ex.input_ids for ex in dataset])  # ReTrace: the rolled-out continuations
+        if cfg.features and cfg.labels != "data":  # ... and the target's stored labels (online: added each step)
+            sequences += [ex.labels[ex.loss_mask] for ex in dataset]
         vocab = vocab_rows(sequences, eos_ids)
 
     model, state, updates_per_epoch, seconds = _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir,
@@ -269,20 +275,23 @@ def _examples(cfg, data, tokenizer, eos_ids) -> tuple:
     return (examples, *split_held_out(examples, cfg.eval_size, cfg.seed))
 
 
-def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids) -> dict:
-    """Gives a fresh drafter its draft vocabulary (`draft_vocab_size` most frequent labels of the training split);
-    returns its coverage of the held-out labels (share of supervised target tokens it can propose)."""
+def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids, main: bool = True) -> dict:
+    """Gives a fresh drafter its draft vocabulary (`draft_vocab_size` most frequent labels of the training split, of
+    the kind trained on: `cfg.labels`); returns its coverage of the held-out labels (share it can propose)."""
     core = drafter_core(model)
     if cfg.draft_vocab_size is not None and core.draft_to_target is None:
         if cfg.lora or cfg.init is not None:
             raise ValueError("draft_vocab_size builds the head of a fresh drafter; an --init drafter keeps its own "
                              "(drop --draft-vocab-size, or train a fresh drafter).")
         vocab_rows_count = target.get_output_embeddings().weight.shape[0]
-        core.set_draft_vocabulary(draft_vocabulary(label_counts(train_examples, vocab_rows_count),
-                                                   cfg.draft_vocab_size, always=eos_ids))
+        if cfg.labels != "data" and not cfg.features and main:
+            print(f"[train] draft vocabulary: labelling the {len(train_examples)} training rows with the target "
+                  "(one forward each)")
+        counts = label_counts(train_examples, vocab_rows_count, cfg.labels, target)
+        core.set_draft_vocabulary(draft_vocabulary(counts, cfg.draft_vocab_size, always=eos_ids))
     if core.draft_to_target is None or not held_out:
         return {}
-    counts = label_counts(held_out, target.get_output_embeddings().weight.shape[0])
+    counts = label_counts(held_out, target.get_output_embeddings().weight.shape[0], cfg.labels, target)
     share = float(counts[core.draft_to_target.cpu()].sum() / counts.sum().clamp_min(1))
     return {"draft_vocab_size": int(core.draft_to_target.numel()), "held_out_draft_vocab_coverage": round(share, 5)}
 
@@ -305,7 +314,6 @@ def _prepare_model(target, cfg, drafter, out_dir, save_dtype, main):
 
 def _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator):
     """(dataset, rollout τ): the examples (DFlash stage), or the recorded rollouts (ReTrace stage)."""
-    B = drafter_core(model).config.block_size
     rollout_tau = None
     if cfg.stage == "retrace":  # roll out once with the starting drafter (W_v = 0: memory plays no part yet)
         store_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mixed_precision, torch.float32)
@@ -318,12 +326,18 @@ def _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator):
         rollout_tau = sum(lengths) / len(lengths) if lengths else None
         dataset = RolloutStore(out_dir, range(len(train_examples)))
     else:
-        dataset = [ex for ex in train_examples if sample_anchors(ex.loss_mask, 1).numel()]
+        usable = [bool(sample_anchors(ex.loss_mask, 1).numel()) for ex in train_examples]
+        dataset = [ex for ex, ok in zip(train_examples, usable) if ok]
+        cut = sum(bool(getattr(ex, "truncated", False)) for ex, ok in zip(train_examples, usable) if not ok)
         if len(dataset) < len(train_examples) and accelerator.is_main_process:
-            print(f"[train] skipping {len(train_examples) - len(dataset)} sequences with fewer than {B} "
-                  "response tokens")
+            print(f"[train] skipping {len(train_examples) - len(dataset)} sequences with fewer than 2 response tokens "
+                  "(no block to anchor)" + (f", {cut} of them cut by --max-length {cfg.max_length}" if cut else ""))
+        if not dataset and cut:
+            raise ValueError(f"No training sequence has 2 response tokens or more: {cut} of the {len(train_examples)} "
+                             f"lost their response when cut at --max-length {cfg.max_length}. Raise --max-length.")
     if len(dataset) == 0:
-        raise ValueError(f"No training sequence has a response of at least block_size={B} tokens.")
+        raise ValueError("No training sequence has 2 response tokens or more (an anchor and a label to draft): "
+                         "check the rows' responses / loss_mask.")
     return dataset, rollout_tau
 
 
@@ -414,6 +428,63 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
     return model, state, updates_per_epoch, round(time.time() - started, 2)
 
 
+# What a resumed run must share with the run it continues (a checkpoint holds only its position in them): the options
+# that set the rows, their order and anchors, the held-out split and the schedule. Others (logging, checkpoints,
+# evaluation, precision, ...) may change, and so may paths (--data, --features, --eval-features: a moved folder), since
+# the rows themselves are compared by hash (train_data.json).
+RESUME_KEYS = ("stage", "max_length", "chat_template", "enable_thinking", "labels", "eval_size", "seed", "batch_size",
+               "grad_accum", "max_anchors", "block_size", "epochs", "max_steps", "lr", "warmup_ratio", "beta_warmup")
+
+
+def _check_and_record_run(cfg, data, examples, train_examples, held_out, target, tokenizer, out_dir, accelerator):
+    """Checks the stores against the run and a resumed run against the saved one, then writes train_config.json and
+    train_data.json (after every process has read the saved ones)."""
+    if cfg.features:  # every store built from this target, rendering prompts as this run does
+        check_stores_for_run(examples.stores + [ref.store for ref in held_out], target, tokenizer, cfg)
+    record = _data_record(data, train_examples, held_out, accelerator.num_processes)
+    if cfg.resume:
+        _check_resume(out_dir, cfg, record, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (out_dir / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        (out_dir / "train_data.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _data_record(data, train_examples, held_out, num_processes) -> dict:
+    """`train_data.json`: what the run trains on beyond its options: the data path, the rows of each split (ids and
+    tokens, in order, hashed) and the process count."""
+    return {"data": str(data) if isinstance(data, (str, os.PathLike)) else None, "num_processes": num_processes,
+            "train_rows": len(train_examples), "held_out_rows": len(held_out),
+            "train_rows_sha256": rows_sha256(train_examples), "held_out_rows_sha256": rows_sha256(held_out)}
+
+
+def _check_resume(out_dir, cfg, record, main):
+    """Refuses to resume a run (a checkpoint or rollouts in `out_dir`) with other `RESUME_KEYS`, data, rows or process
+    count than those saved in train_config.json / train_data.json; warns where these were not saved."""
+    if latest_checkpoint(out_dir) is None and not (out_dir / "rollouts").exists():
+        return  # nothing to continue: the run starts afresh
+    saved_config, saved_data = out_dir / "train_config.json", out_dir / "train_data.json"
+    saved = json.loads(saved_config.read_text()) if saved_config.exists() else {}
+    now = dataclasses.asdict(cfg)
+    differ = [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in RESUME_KEYS
+              if k in saved and saved[k] != now[k]]
+    if saved_data.exists():
+        old = json.loads(saved_data.read_text())
+        if old["num_processes"] != record["num_processes"]:
+            differ.append(f"processes {old['num_processes']} -> {record['num_processes']}")
+        for split, name in (("train", "training"), ("held_out", "held-out")):
+            if old[f"{split}_rows_sha256"] != record[f"{split}_rows_sha256"]:
+                differ.append(f"the {name} rows ({old[f'{split}_rows']} -> {record[f'{split}_rows']}; ids, tokens or "
+                              "order differ)")
+    elif main:
+        print(f"[train] warning: {out_dir} has no train_data.json (saved by newer versions): resuming without checking "
+              "that the data, its held-out split and the number of processes are the saved run's")
+    if differ:
+        raise ValueError(f"Cannot resume the run in {out_dir}: " + "; ".join(differ) + " (saved -> now). Its "
+                         "checkpoint continues that run's data order, held-out split and schedule, which these change. "
+                         "Resume with the same options, or start a new --out.")
+
+
 def _resume(accelerator, cfg, out_dir, state, total):
     if not cfg.resume:
         return
@@ -502,7 +573,7 @@ def _accelerator(cfg, out_dir, drafter):
 
 
 def _prepare_out_dir(out_dir, cfg):
-    """Writes train_config.json; without `resume`, clears what an earlier run left (checkpoints, rollouts, log)."""
+    """Creates `out_dir`; without `resume`, clears what an earlier run left (checkpoints, rollouts, log)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.resume:
         stale = [p for p in (out_dir / "checkpoints", out_dir / "rollouts", out_dir / "train_log.jsonl") if p.exists()]
@@ -511,7 +582,6 @@ def _prepare_out_dir(out_dir, cfg):
                   "run (pass resume=True / --resume to continue it)")
         for path in stale:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    (out_dir / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
 
 
 def _lora_base_path(cfg, out_dir) -> Path:

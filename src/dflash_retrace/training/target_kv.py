@@ -79,21 +79,20 @@ def check_store_kv_layers(store, kv_layer_ids) -> None:
 
 def stored_target_kv(target, items, width: int, kv_layer_ids) -> list:
     """[(keys, values) (b, kvh, width, d)] per drafter layer for a micro-batch of `(index, StoredRef)`, recomputed
-    from the stored layer inputs (right-padded with zeros; padding is never attended)."""
-    store = items[0][1].store
-    H = store.manifest["hidden_size"]
-    stored = store.manifest["layer_ids"]
+    from the stored layer inputs (right-padded with zeros; padding is never attended). Each row is read from its
+    own store (a micro-batch may mix the stores of `open_stores`)."""
     embed = target.get_input_embeddings()
     device = embed.weight.device
     out = []
     for layer_id in kv_layer_ids:
-        inputs = torch.zeros(len(items), width, H, dtype=embed.weight.dtype, device=device)
+        inputs = torch.zeros(len(items), width, embed.weight.shape[-1], dtype=embed.weight.dtype, device=device)
         for row, (_, ref) in enumerate(items):
             if layer_id == 0:
                 h = embed(ref.input_ids.to(device))
             else:
-                column = stored.index(layer_id - 1) * H
-                stored_h = np.ascontiguousarray(store.field(ref.index, "features")[:, column : column + H])
+                H = ref.store.manifest["hidden_size"]
+                column = ref.store.manifest["layer_ids"].index(layer_id - 1) * H
+                stored_h = np.ascontiguousarray(ref.store.field(ref.index, "features")[:, column : column + H])
                 h = torch.from_numpy(stored_h).view(torch.bfloat16)
             inputs[row, : h.shape[0]] = h.to(device, inputs.dtype)
         out.append(recompute_layer_kv(target, layer_id, inputs))
