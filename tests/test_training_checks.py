@@ -5,6 +5,7 @@ follow `--labels` (tiny models, CPU)."""
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +190,39 @@ def test_a_store_run_on_target_labels_builds_its_loss_vocabulary_from_them(targe
     tokens = {t for r in rows for t in r["input_ids"]}
     labels = set(torch.nonzero(target_label_counts(target, rows)).flatten().tolist())
     assert drafter.train_summary["loss_vocab_size"] == len(tokens | labels)
+
+
+def test_keep_checkpoints_zero_is_refused_while_checkpoints_are_written():
+    from dflash_retrace.training.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"keep_checkpoints.*>= 1.*checkpoint_every.*to 0"):
+        TrainConfig(keep_checkpoints=0).resolved()
+    assert TrainConfig(keep_checkpoints=0, checkpoint_every=0).resolved().keep_checkpoints == 0  # no checkpoints
+
+
+def test_a_run_stopped_while_saving_a_checkpoint_resumes_from_the_one_before(target, tmp_path, monkeypatch):
+    """accelerate writes a checkpoint file by file: one stopped half-way must not become the newest step-N."""
+    import accelerate
+
+    rows = random_rows(8)
+    out = tmp_path / "run"
+    config = quick(max_steps=6, checkpoint_every=2, keep_checkpoints=3)
+    real = accelerate.Accelerator.save_state
+    calls = {"n": 0}
+
+    def dying(self, output_dir=None, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint (update 4): its first file lands, then the process dies
+            Path(output_dir).mkdir(parents=True)
+            (Path(output_dir) / "model.safetensors").write_bytes(b"half")
+            raise KeyboardInterrupt("killed while saving")
+        return real(self, output_dir, **kwargs)
+
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(target, None, rows, out, config)
+    monkeypatch.setattr(accelerate.Accelerator, "save_state", real)
+    assert training_loop.latest_checkpoint(out).name == "step-2"
+    done = train_drafter(target, None, rows, out, dataclasses.replace(config, resume=True))
+    assert done.train_summary["steps"] == 6
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]  # the partial one redone

@@ -160,6 +160,10 @@ class TrainConfig:
         if not self.new_weights_lr_scale > 0:
             raise ValueError(f"new_weights_lr_scale (--new-weights-lr-scale) multiplies the lr of the option modules' "
                              f"weights: it must be > 0, got {self.new_weights_lr_scale} (1 trains them at --lr).")
+        if self.checkpoint_every and self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints (--keep-checkpoints) must be >= 1 when checkpoints are written (got "
+                             f"{self.keep_checkpoints}: each would be deleted as soon as it is saved); to write none, "
+                             "set checkpoint_every (--checkpoint-every) to 0.")
         if self.distill and not self.features:
             raise ValueError("distill (--distill) reads the target's top-k logits from a feature store: add --features "
                              "STORE (built with `dflash-retrace features --top-k K`).")

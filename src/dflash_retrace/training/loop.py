@@ -89,6 +89,21 @@ def latest_checkpoint(out_dir) -> Path | None:
     return max(steps)[1] if steps else None
 
 
+def _save_checkpoint(accelerator, out_dir, step, keep):
+    """checkpoints/step-N, written as step-N.partial and renamed once every process has saved: a run stopped while
+    saving leaves no step-N for `latest_checkpoint` to resume from."""
+    final = Path(out_dir) / "checkpoints" / f"step-{step}"
+    partial = final.with_name(final.name + ".partial")
+    accelerator.save_state(str(partial))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():  # an older run's step-N (resumed runs save steps past their checkpoint)
+            shutil.rmtree(final)
+        partial.rename(final)
+        _rotate_checkpoints(out_dir, keep)
+    accelerator.wait_for_everyone()
+
+
 def _rotate_checkpoints(out_dir, keep):
     root = Path(out_dir) / "checkpoints"
     steps = sorted((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit())
@@ -418,9 +433,7 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
                         f.write(json.dumps(record) + "\n")
                 logged = []
             if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and state.step < total:
-                accelerator.save_state(str(out_dir / "checkpoints" / f"step-{state.step}"))
-                if main:
-                    _rotate_checkpoints(out_dir, cfg.keep_checkpoints)
+                _save_checkpoint(accelerator, out_dir, state.step, cfg.keep_checkpoints)
         if state.updates_in_epoch >= updates_per_epoch:
             state.epoch, state.updates_in_epoch = state.epoch + 1, 0
     bar.close()
