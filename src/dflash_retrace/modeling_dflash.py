@@ -487,53 +487,63 @@ def context_features(hidden_states, target_layer_ids, num_positions: int | None 
 
 def check_loaded_weights(drafter, info: dict, source) -> None:
     """Raises a ValueError naming the keys and the config value when a checkpoint does not fill the drafter."""
-    config = drafter.config
+    config, state = drafter.config, drafter.state_dict()
     missing, unexpected = set(info.get("missing_keys") or ()), set(info.get("unexpected_keys") or ())
     mismatched = {key: (tuple(ckpt), tuple(shape)) for key, ckpt, shape in info.get("mismatched_keys") or ()}
-    # A DFlash checkpoint loaded with retrace=True / step_embeddings=True / context="hybrid" /
-    # fusion="layerwise": whole groups of
-    # # zero-initialised weights may be missing.
-    state = drafter.state_dict()
+    # A DFlash checkpoint loaded with a variant on (retrace, steps, fusion, hybrid) misses its zero-initialised group.
     for group in ({k for k in state if k.startswith("retrace.")}, {k for k in state if k.startswith("steps.")},
-                  {k for k in state if k.startswith("fusion.")},
-                  {k for k in state if ".self_attn.kv." in k}):
+                  {k for k in state if k.startswith("fusion.")}, {k for k in state if ".self_attn.kv." in k}):
         if group and group <= missing:
             missing -= group
     if not (missing or unexpected or mismatched):
         return
-
-    def layer_ids(keys):
-        return {int(k.split(".")[1]) for k in keys if k.startswith("layers.") and ".self_attn.kv." not in k}
-
+    layer = lambda k: int(k.split(".")[1])  # noqa: E731
+    backbone = lambda keys: {k for k in keys if k.startswith("layers.") and ".self_attn.kv." not in k}  # noqa: E731
+    gone = {layer(k) for k in backbone(state) if {j for j in backbone(state) if layer(j) == layer(k)} <= missing}
+    extra = {layer(k) for k in backbone(unexpected)} - {layer(k) for k in backbone(state)}
     problems = []
-    if layer_ids(missing) or layer_ids(unexpected):
-        n = min(layer_ids(missing)) if layer_ids(missing) else max(layer_ids(unexpected)) + 1
+    if gone or extra:
+        n = min(gone) if gone else max(extra) + 1
         problems.append(
             f"config num_hidden_layers={config.num_hidden_layers} (1 when config.json has none) but the checkpoint "
             f"has {n} decoder layers (layers.0-{n - 1}.*): set \"num_hidden_layers\": {n} in config.json"
         )
+    kv_extra = config.context != "hybrid" and any(".self_attn.kv." in k for k in unexpected)  # explained below
+    part = lambda keys: sorted(k for k in keys if k.startswith("layers.") and layer(k) not in gone | extra  # noqa: E731
+                               and not (kv_extra and ".self_attn.kv." in k))
+    for keys, what in ((part(missing), "lacks"), (part(unexpected), "has extra")):
+        if keys:
+            problems.append(f"the checkpoint {what} weights of layers it has ({', '.join(keys[:6])}"
+                            f"{' ...' if len(keys) > 6 else ''}): an incomplete or edited save (save the trained drafter "
+                            "again), or config.json differs from it in attention_bias, head_dim or context")
     if "fc.weight" in mismatched and mismatched["fc.weight"][0][0] == mismatched["fc.weight"][1][0]:
         ckpt, shape = mismatched.pop("fc.weight")  # (H, n*H): only the number of target features differs
-        ids = config.target_layer_ids
         problems.append(
             f"fc.weight in the checkpoint {list(ckpt)} takes {ckpt[1] // config.hidden_size} target features but "
-            f"config target_layer_ids={ids} ({len(ids)} features; derived from num_target_layers when config.json "
-            "has none) gives " + f"{list(shape)}: set target_layer_ids (z-lab layout: dflash_config.target_layer_ids) "
-            "to the target layers the drafter was trained on"
+            f"config target_layer_ids={config.target_layer_ids} ({len(config.target_layer_ids)} features; derived from "
+            "num_target_layers when config.json has none) gives " + f"{list(shape)}: set target_layer_ids (z-lab "
+            "layout: dflash_config.target_layer_ids) to the target layers the drafter was trained on"
         )
+    if "draft_to_target" in missing | unexpected | set(mismatched):
+        n = mismatched.pop("draft_to_target", (("the number of its ids",),))[0][0]
+        problems.append("the checkpoint has no draft vocabulary (draft_to_target): remove draft_vocab_size="
+                        f"{config.draft_vocab_size} from config.json" if "draft_to_target" in missing else
+                        f"config draft_vocab_size={config.draft_vocab_size} but the checkpoint has a draft vocabulary "
+                        f"(draft_to_target): set \"draft_vocab_size\": {n} in config.json")
     if any(k.startswith("retrace.") for k in unexpected) and not config.retrace:
         problems.append("the checkpoint has ReTrace weights (retrace.*) but config retrace=False: load it with "
                         "retrace=True (or set \"retrace\": true in config.json)")
     if any(k.startswith("steps.") for k in unexpected) and not config.step_embeddings:
         problems.append("the checkpoint has step-position embeddings (steps.*) but config step_embeddings=False: load "
                         "it with step_embeddings=True (or set \"step_embeddings\": true in config.json)")
-    if any(".self_attn.kv." in k for k in unexpected) and config.context != "hybrid":
+    if kv_extra:
         problems.append("the checkpoint has hybrid target-KV weights (layers.*.self_attn.kv.*) but config "
                         f"context={config.context!r}: load it with context=\"hybrid\" (or set it in config.json)")
     if any(k.startswith("fusion.") for k in unexpected) and config.fusion != "layerwise":
         problems.append("the checkpoint has layer-wise fusion weights (fusion.*) but config fusion='fc': load it with "
                         "fusion='layerwise' and its fusion_layer_ids (or set them in config.json)")
-    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.", "fusion.")))
+    other = sorted(k for k in missing | unexpected if not k.startswith(("layers.", "retrace.", "steps.", "fusion.",
+                                                                          "draft_to_target")))
     other += [f"{k} (checkpoint {list(a)} vs model {list(b)})" for k, (a, b) in sorted(mismatched.items())]
     other += sorted(k for k in missing if k.startswith(("retrace.", "steps.", "fusion.")))
     if other:
@@ -542,12 +552,11 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
             "fields of config.json (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, "
             "head_dim, retrace, step_embeddings, block_size, fusion_layer_ids) against the checkpoint"
         )
-    keys = sorted(missing | unexpected)
     raise ValueError(
         f"The checkpoint in {source} does not fill this DFlashDrafter: " + "; ".join(problems)
         + (f". Missing: {sorted(missing)[:6]}" if missing else "")
         + (f". Unexpected: {sorted(unexpected)[:6]}" if unexpected else "")
-        + ("" if len(keys) <= 6 else f" ({len(keys)} keys in all)") + "."
+        + ("" if len(missing | unexpected) <= 6 else f" ({len(missing | unexpected)} keys in all)") + "."
     )
 
 

@@ -23,9 +23,13 @@ What the model card reads, when present in DRAFTER_DIR (and copies into the expo
   a JSON object; scalars and lists become a table, `command` a code block, and `base_model` / `target`
   the card's `base_model` when none is given;
 - `bench*.json`: reports of `dflash-retrace bench` (schema `dflash-retrace/bench/v1`: one row per file,
-  from `config` and `summary.methods.speculative`), or plain rows (an object, a list, or `{"rows": [...]}`)
-  with `tau_pooled` and optionally `dataset`, `temperature`, `num_prompts`, `max_new_tokens`,
-  `tau_prompt_mean`, `speedup`.
+  from `config` and `summary.methods.speculative`; for a z-lab export of a ReTrace drafter, which runs plain
+  DFlash, from `summary.methods.zlab_reference`, and a file without it gives no row, with a note), or plain
+  rows (an object, a list, or `{"rows": [...]}`) with `tau_pooled` and optionally `dataset`, `temperature`,
+  `num_prompts`, `max_new_tokens`, `tau_prompt_mean`, `speedup` (not used for a z-lab export of a ReTrace drafter: they name no method).
+
+`export` reads and checks everything first and writes to a temporary sibling of `--out` that then takes its
+place: a refused or failed export leaves `--out` as it was, and an `--out` holding the drafter is refused.
 """
 
 import argparse
@@ -73,7 +77,9 @@ def register_cli(subparsers) -> None:
     export = subparsers.add_parser("export", parents=[common], help="write a Hub-ready folder for a drafter (ours or z-lab layout)")
     export.add_argument("--out", required=True, help="Folder to write (must be empty or absent).")
     export.add_argument("--repo-id", help="Repo id shown in the model card's usage snippet.")
-    export.add_argument("--overwrite", action="store_true", help="Delete --out first if it is not empty.")
+    export.add_argument("--overwrite", action="store_true",
+                        help="Replace --out if it is not empty (the old folder is deleted once the new export is "
+                             "complete; a folder holding DRAFTER_DIR is refused).")
     export.set_defaults(func=_cmd_export)
 
     push = subparsers.add_parser("push", parents=[common], help="export a drafter and upload it to the Hugging Face Hub")

@@ -15,8 +15,11 @@ BENCH_SCHEMA = "dflash-retrace/bench/v1"
 
 
 def model_card(drafter, *, format="ours", base_model=None, license="apache-2.0", repo_id="your-org/drafter",
-               summary=None, bench=None) -> str:
-    """README.md: YAML metadata, usage, the drafter's shape, training summary and measured τ."""
+               summary=None, bench=None, bench_notes=()) -> str:
+    """README.md: YAML metadata, usage, the drafter's shape, training summary and measured τ.
+
+    `bench`: rows as `bench_rows` returns them; `bench_notes`: its notes (which method the rows are, what was
+    left out), printed under the τ table."""
     from huggingface_hub import ModelCardData
 
     cfg = drafter.config
@@ -72,6 +75,7 @@ def model_card(drafter, *, format="ours", base_model=None, license="apache-2.0",
     lines += [f"| {k} | {v} |" for k, v in rows] + [""]
     lines += ["## Training", ""] + _summary_lines(summary) + [""]
     lines += ["## Measured acceptance length τ", ""] + _bench_lines(bench, target, repo_id) + [""]
+    lines += [f"Note: {note}" for note in bench_notes] + ([""] if bench_notes else [])
     lines += [f"Made with dflash-retrace {__version__}.", ""]
     return "\n".join(lines)
 
@@ -145,23 +149,45 @@ def _fmt(value):
     return str(value)
 
 
-def bench_rows(drafter_dir: Path) -> list:
-    rows = []
-    for path in sorted(drafter_dir.glob(BENCH_PATTERN)):
+def bench_rows(drafter_dir: Path, method: str = "speculative") -> tuple:
+    """(rows, notes): the τ rows of the `bench*.json` files in `drafter_dir`, and notes for the card.
+
+    `method`: the bench method whose figures describe the export: `speculative` (this library's loop with the
+    drafter as saved) or `zlab_reference` (z-lab's loop, plain DFlash: a z-lab export of a ReTrace drafter). A
+    bench report without that method, or a plain-rows file (which names no method) when `method` is not
+    `speculative`, gives no row; the notes and a warning say so.
+    """
+    rows, notes, paths = [], [], sorted(drafter_dir.glob(BENCH_PATTERN))
+    if method != "speculative" and paths:
+        notes.append(f"this export runs plain DFlash (no ReTrace): τ and speedup are the bench's `{method}` figures "
+                     "(z-lab's loop on the same weights), not its headline `speculative` ones (with ReTrace). The "
+                     "bench*.json files copied here measured the drafter with ReTrace as their headline.")
+    for path in paths:
         data = json.loads(path.read_text())
         if isinstance(data, dict) and data.get("schema") == BENCH_SCHEMA:
-            config, spec = data["config"], data["summary"]["methods"].get("speculative", {})
+            config, spec = data["config"], data["summary"]["methods"].get(method)
+            if spec is None:
+                notes.append(f"`{path.name}` has no `{method}` figures, so it is left out of the table (rerun "
+                             "`dflash-retrace bench` with `--baselines` to measure them).")
+                warnings.warn(f"{path} has no `{method}` method: left out of the model card ({notes[-1]})",
+                              stacklevel=3)
+                continue
             data = [{"dataset": config.get("dataset"), "temperature": config.get("temperature"),
                      "num_prompts": spec.get("num_ok", config.get("num_prompts")),
                      "max_new_tokens": config.get("max_new_tokens"), "tau_pooled": spec.get("tau_pooled"),
                      "tau_prompt_mean": spec.get("tau_prompt_mean"), "speedup": spec.get("speedup")}]
+        elif method != "speculative":
+            notes.append(f"`{path.name}` holds plain rows that do not say which method they measured, so it is left "
+                         f"out of the table (this export needs `{method}` figures).")
+            warnings.warn(f"{path}: {notes[-1]}", stacklevel=3)
+            continue
         elif isinstance(data, dict):
             data = data.get("rows") or [data]
         found = [r for r in data if isinstance(r, dict) and r.get("tau_pooled") is not None]
         if not found:
             warnings.warn(f"{path} has no row with a `tau_pooled`: left out of the model card.", stacklevel=3)
         rows += found
-    return rows
+    return rows, notes
 
 
 def _bench_lines(rows, target, repo_id):

@@ -6,9 +6,11 @@
 """
 
 import json
+import os
 import re
 import shutil
 import tempfile
+import uuid
 import warnings
 from pathlib import Path
 
@@ -47,15 +49,15 @@ def export_drafter(
 
     format: `"ours"` (transformers + trust_remote_code, DFlash and ReTrace) or `"zlab"` (z-lab's layout,
     plain DFlash: ReTrace weights are dropped with a warning). `repo_id` only fills the card's usage
-    snippet. `overwrite` deletes `out_dir` first; without it a non-empty `out_dir` is an error.
+    snippet. `overwrite` replaces a non-empty `out_dir`; without it a non-empty `out_dir` is an error.
+    Everything is read and checked first and written to a temporary sibling of `out_dir`, which then takes
+    `out_dir`'s place: a refused or failed export leaves `out_dir` as it was.
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}.")
     drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
-    if out_dir.resolve() == drafter_dir.resolve():
-        raise ValueError(f"--out {out_dir} is the drafter folder itself; export to a new folder.")
+    _check_folders(drafter_dir, out_dir, overwrite)
     drafter = load_drafter(drafter_dir)
-    _prepare_out_dir(out_dir, overwrite)
     summary_path = next((drafter_dir / n for n in TRAINING_SUMMARIES if (drafter_dir / n).is_file()), None)
     summary = _read_json(summary_path) if summary_path else None
     if base_model is None and summary:
@@ -65,25 +67,31 @@ def export_drafter(
             "No base model given: the model card will not name the target. Pass --base-model (the target's Hub id).",
             stacklevel=2,
         )
-    bench = bench_rows(drafter_dir)
+    # A z-lab export of a ReTrace drafter runs plain DFlash: its τ is the bench's `zlab_reference` method.
+    method = "zlab_reference" if format == "zlab" and drafter.config.retrace else "speculative"
+    bench, bench_notes = bench_rows(drafter_dir, method=method)
     repo_id = repo_id or f"your-org/{out_dir.resolve().name}"
-
-    if format == "ours":
-        drafter.save_pretrained(out_dir)  # weights, config.json with auto_map, the payload modules
-    else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        from huggingface_hub import save_torch_state_dict
-
+    if format == "zlab":  # every check of the z-lab layout, before anything is written
         state = zlab_state_dict(drafter)
         config = zlab_config(drafter.config, dtype=next(drafter.parameters()).dtype)
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        save_torch_state_dict(state, out_dir)
     card = model_card(drafter, format=format, base_model=base_model, license=license, repo_id=repo_id,
-                      summary=summary, bench=bench)
-    (out_dir / "README.md").write_text(card)
-    for source in [summary_path, *sorted(drafter_dir.glob(BENCH_PATTERN))]:
-        if source is not None:
-            shutil.copyfile(source, out_dir / source.name)
+                      summary=summary, bench=bench, bench_notes=bench_notes)
+    copies = {source.name: source.read_bytes()
+              for source in [summary_path, *sorted(drafter_dir.glob(BENCH_PATTERN))] if source is not None}
+
+    def write(folder: Path) -> None:
+        if format == "ours":
+            drafter.save_pretrained(folder)  # weights, config.json with auto_map, the payload modules
+        else:
+            from huggingface_hub import save_torch_state_dict
+
+            (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            save_torch_state_dict(state, folder)
+        (folder / "README.md").write_text(card)
+        for name, data in copies.items():
+            (folder / name).write_bytes(data)
+
+    _write_in_place(out_dir, write)
     return out_dir
 
 
@@ -156,12 +164,48 @@ def zlab_config(config: DFlashConfig, dtype: torch.dtype = torch.bfloat16) -> di
     return out
 
 
-def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out_dir} is not empty. Choose another --out, or pass --overwrite to delete it first.")
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _check_folders(drafter_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """Refuses an `out_dir` whose replacement would delete the drafter, and a non-empty one without `overwrite`."""
+    source, out = drafter_dir.resolve(), out_dir.resolve()
+    if out == source:
+        raise ValueError(f"--out {out_dir} is the drafter folder itself; export to a new folder.")
+    if out in source.parents:
+        raise ValueError(f"--out {out_dir} contains the drafter folder {drafter_dir}: the export replaces --out "
+                         "and would delete the drafter. Export to a folder outside it, e.g. a sibling of "
+                         f"{out_dir}.")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir} is a file, not a folder. Choose another --out.")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} is not empty. Choose another --out, or pass --overwrite to replace it.")
+
+
+def _write_in_place(out_dir: Path, write) -> None:
+    """`write(folder)` into a temporary sibling of `out_dir`, then moves it to `out_dir` (the old one, if any, is
+    deleted only once the new one is complete)."""
+    out_dir = out_dir.resolve()  # `--out .` has no name to make a sibling from
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()  # not mkdtemp: the export gets the usual permissions, not 0700
+    old = None
+    try:
+        write(staging)
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
+            old.mkdir()
+            os.replace(out_dir, old / "out")
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and (old / "out").exists() and not out_dir.exists():
+            os.replace(old / "out", out_dir)  # put the previous export back
+        raise
+    finally:
+        if old is not None:
+            try:
+                shutil.rmtree(old)
+            except OSError as err:  # the export is in place; only the previous one's removal failed
+                warnings.warn(f"Could not delete the previous export, moved to {old}: {err}. Delete it by hand.",
+                              stacklevel=3)
 
 
 def _read_json(path: Path):

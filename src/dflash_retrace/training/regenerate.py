@@ -6,12 +6,14 @@ generates in left-padded batches (greedy by default) and appends one JSON row pe
 - `prompt` rows get `response`; `messages` rows get the assistant reply appended to `messages`;
 - every row keeps its `id` and records `finish_reason` ("eos" or "length"), the `eos_token_id` the target
   ended with (any of its EOS ids ends a response), `num_response_tokens` and the `generation` settings used.
-The output is resumable: ids already in it are skipped, and a truncated last line is dropped.
+The output is resumable: ids already in it are skipped once their prompt is checked to be the same (a different
+prompt under the same id is an error), and a truncated last line is dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import warnings
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from ..config_cli import option
 from ..runtime import encode_prompt, eos_token_ids, prompt_messages, uses_chat_template
 from .data import load_rows
 
-__all__ = ["RegenerateConfig", "read_done_ids", "regenerate"]
+__all__ = ["RegenerateConfig", "prompt_sha256", "read_done_ids", "read_done_rows", "regenerate"]
 
 
 @dataclass
@@ -45,19 +47,27 @@ class RegenerateConfig:
     progress: bool = option(True, "progress bar")
 
 
-def read_done_ids(path) -> set:
-    """Ids already written to a regeneration output; drops a truncated or corrupt tail (an interrupted write)."""
+def prompt_sha256(row: dict, where: str = "row") -> str:
+    """sha256 of what a row asks: its chat turns before the reply (`messages`) or its `prompt` string."""
+    messages, prompt = prompt_messages(row, where)
+    return hashlib.sha256(json.dumps([messages, prompt], sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def read_done_rows(path) -> dict:
+    """{id: prompt_sha256} of the rows already written to a regeneration output; drops a truncated or corrupt tail
+    (an interrupted write)."""
     path = Path(path)
     if not path.exists():
-        return set()
+        return {}
     raw = path.read_bytes()
-    done, good_bytes = set(), 0
+    done, good_bytes = {}, 0
     for line in raw.splitlines(keepends=True):
         if not line.endswith(b"\n"):
             break
         if line.strip():
             try:
-                done.add(str(json.loads(line)["id"]))
+                row = json.loads(line)
+                done[str(row["id"])] = prompt_sha256(row, where=f"{path} row {row['id']}")
             except (json.JSONDecodeError, KeyError):
                 break
         good_bytes += len(line)
@@ -68,12 +78,31 @@ def read_done_ids(path) -> set:
     return done
 
 
+def read_done_ids(path) -> set:
+    """Ids already written to a regeneration output; drops a truncated or corrupt tail (an interrupted write)."""
+    return set(read_done_rows(path))
+
+
+def _check_same_prompts(items, done: dict, out_path) -> None:
+    """Raises if a row already in the output was written for another prompt than the input row of its id."""
+    stale = [row_id for row_id, row in items if row_id in done
+             and done[row_id] != prompt_sha256(row, where=f"prompt {row_id}")]
+    if stale:
+        raise ValueError(
+            f"{out_path} already holds {len(stale)} row(s) whose id is in the prompts but whose prompt differs (ids "
+            f"{stale[:5]}): it was written for other prompts with the same ids (e.g. `corpus` rows of another seed or "
+            "mix, both numbered from 0), and resuming would skip these prompts. Write to a new --out, or give the "
+            "prompts ids that do not clash."
+        )
+
+
 @torch.no_grad()
 def regenerate(target, tokenizer, prompts, out_path, config: RegenerateConfig | None = None, **overrides) -> dict:
     """Writes the target's responses to `prompts` (rows, a path or a dataset) into `out_path` (JSONL, appended).
 
     `config` (a `RegenerateConfig`), or its fields as keyword arguments (`batch_size=8, max_new_tokens=512, ...`).
-    Rows whose `id` (default: the row's index) is already in `out_path` are skipped. Returns
+    Rows whose `id` (default: the row's index) is already in `out_path` are skipped; one written there for another
+    prompt is an error (a ValueError naming the ids). Returns
     `{"generated": n, "skipped": n, "out": path}`.
     """
     cfg = dataclasses.replace(config or RegenerateConfig(), **overrides)
@@ -87,7 +116,8 @@ def regenerate(target, tokenizer, prompts, out_path, config: RegenerateConfig | 
         items.append((row_id, row))
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = read_done_ids(out_path)
+    done = read_done_rows(out_path)
+    _check_same_prompts(items, done, out_path)
     todo = [(row_id, row, encode_prompt(tokenizer, row, cfg.chat_template, cfg.enable_thinking,
                                         where=f"prompt {row_id}"))
             for row_id, row in items if row_id not in done]
