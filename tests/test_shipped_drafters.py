@@ -23,7 +23,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 # Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 1 thread: 1.50 for the ReTrace drafter
-# (60 rounds) and 1.48 for the DFlash drafter (61 rounds; the same weights as the WIP checkpoint, run 8), against
+# (60 rounds) and 1.48 for the DFlash drafter (61 rounds; run 8, the WIP checkpoint before run 11), against
 # 1.25 / 1.23 for the drafters shipped before issue 13 (model cards: the benchmarks). The floor sits below the
 # shipped ones with margin and above the earlier ones: drafting must really accept tokens, at today's level.
 TAU_FLOOR = 1.35

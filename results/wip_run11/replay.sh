@@ -5,7 +5,7 @@
 #   HELDOUT=heldout.jsonl REFS=refs.jsonl RUN11=run11 bash results/wip_run11/replay.sh
 set -eu
 export OMP_NUM_THREADS=1
-dflash-retrace replay --target smollm2-135m-instruct --drafter checkpoints/smollm2-135m-instruct-dflash-b8-wip \
+dflash-retrace replay --target smollm2-135m-instruct --drafter ${RUN8:-hub_configs/smollm2-135m-instruct-dflash} \
   --compare run11=${RUN11} --dataset ${HELDOUT} --max-samples 64 --source-order \
   --max-new-tokens 64 --dtype float32 --references ${REFS} --seed 4 --no-progress \
   --output ${OUTPUT:-results/wip_run11/replay_heldout64_run8_vs_run11.json}
