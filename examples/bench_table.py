@@ -23,6 +23,8 @@ import json
 import random
 from pathlib import Path
 
+from dflash_retrace.evaluation.metrics import tau_pooled
+
 COLUMNS = {"dflash": "speculative:dflash", "retrace": "speculative", "no_memory": "speculative:no_memory"}
 PLAIN = "plain"
 FOOTNOTE = ("† speedup: at T=0 plain generate()'s time over the method's on the same prompts (greedy: the same "
@@ -42,7 +44,7 @@ def _method_figures(ok, method, plain_rate):
     proposals = [k for m in runs for k in m["num_proposals"]]
     turns = sum(p["turns"] for p in ok)  # each turn's first token is the prefill's
     rate = _div(sum(m["new_tokens"] for m in runs) - turns, sum(m["decode_s"] for m in runs))
-    return {"tau": _div(sum(lengths), len(lengths)),
+    return {"tau": tau_pooled([m["acceptance_lengths"] for m in runs]),
             "speedup": _div(sum(p["methods"][PLAIN]["total_s"] for p in ok), sum(m["total_s"] for m in runs)),
             "decode_rate_ratio": _div(rate, plain_rate),
             "slot1": _div(sum(n >= 2 for n in lengths), sum(k >= 1 for k in proposals))}

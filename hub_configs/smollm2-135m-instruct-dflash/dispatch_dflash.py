@@ -80,20 +80,20 @@ def _check_generation_config(generation_config, drafter):
 
 def _check_builtin_path(drafter, do_sample: bool) -> None:
     """speculation_type="dflash": transformers' own generator drives the drafter; say what it cannot use."""
-    if getattr(drafter.config, "context", "hidden") != "hidden":
+    config = drafter.config
+    if getattr(config, "context", "hidden") != "hidden":
         raise ValueError(
             f"speculation_type='dflash' runs transformers' built-in DFlash generator, which gives the "
-            f"drafter no target KV cache, but this drafter has context={drafter.config.context!r}. Drop "
+            f"drafter no target KV cache, but this drafter has context={config.context!r}. Drop "
             "speculation_type (generate(assistant_model=drafter) runs it), or use a context='hidden' drafter.")
     if getattr(drafter, "draft_to_target", None) is not None:
         warnings.warn(
             "speculation_type='dflash' runs transformers' built-in DFlash generator, which scores the "
             "proposals with the target's full LM head: this drafter's draft vocabulary "
-            f"({drafter.config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
+            f"({config.draft_vocab_size:,} tokens, the only rows it was trained on) is not used, so "
             "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
             stacklevel=5,
         )
-    config = drafter.config
     ignored = {name: value for name, value in (("max_proposals", getattr(config, "max_proposals", None)),
                                                 ("proposal_threshold", getattr(config, "proposal_threshold", 0.0)))
                if value not in (None, 0.0, config.block_size - 1)}

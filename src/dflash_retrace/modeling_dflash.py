@@ -499,8 +499,9 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
         return
     layer = lambda k: int(k.split(".")[1])  # noqa: E731
     backbone = lambda keys: {k for k in keys if k.startswith("layers.") and ".self_attn.kv." not in k}  # noqa: E731
-    gone = {layer(k) for k in backbone(state) if {j for j in backbone(state) if layer(j) == layer(k)} <= missing}
-    extra = {layer(k) for k in backbone(unexpected)} - {layer(k) for k in backbone(state)}
+    owned = backbone(state)
+    gone = {i for i in set(map(layer, owned)) if all(k in missing for k in owned if layer(k) == i)}  # whole layers
+    extra = set(map(layer, backbone(unexpected))) - set(map(layer, owned))
     problems = []
     if gone or extra:
         n = min(gone) if gone else max(extra) + 1

@@ -191,16 +191,15 @@ def _write_in_place(out_dir: Path, write) -> None:
         write(staging)
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:12]}"
-            old.mkdir()
-            os.replace(out_dir, old / "out")
+            os.replace(out_dir, old)
         os.replace(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        if old is not None and (old / "out").exists() and not out_dir.exists():
-            os.replace(old / "out", out_dir)  # put the previous export back
+        if old is not None and old.exists() and not out_dir.exists():
+            os.replace(old, out_dir)  # put the previous export back
         raise
     finally:
-        if old is not None:
+        if old is not None and old.exists():
             try:
                 shutil.rmtree(old)
             except OSError as err:  # the export is in place; only the previous one's removal failed

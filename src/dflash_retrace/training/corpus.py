@@ -198,9 +198,12 @@ def _words(text: str) -> list:
     return re.findall(r"\w+", text.lower())
 
 
-def _shingles(text: str, n=NGRAM_WORDS) -> set:
-    words = _words(text)
+def _windows(words: list, n=NGRAM_WORDS) -> set:
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _shingles(text: str, n=NGRAM_WORDS) -> set:
+    return _windows(_words(text), n)
 
 
 @functools.lru_cache(maxsize=1)
@@ -237,7 +240,7 @@ def _overlap_keys(text: str) -> set:
     words = _content_words(text)
     if len(words) < NGRAM_WORDS:
         return {" ".join(words)} if words else set()
-    return {" ".join(words[i:i + NGRAM_WORDS]) for i in range(len(words) - NGRAM_WORDS + 1)}
+    return _windows(words)
 
 
 def _eval_shingles() -> tuple[set, list]:
@@ -291,7 +294,7 @@ def _keep_disjoint(rows, text_of, keys, texts=frozenset()) -> list:
 
     def overlaps(text: str) -> bool:
         words = _content_words(text)
-        if any(" ".join(words[i:i + NGRAM_WORDS]) in keys for i in range(len(words) - NGRAM_WORDS + 1)):
+        if not _windows(words).isdisjoint(keys):
             return True
         joined = f" {' '.join(words)} "
         return any(k in joined for k in short)

@@ -16,8 +16,8 @@ from ..prompts import read_jsonl
 from ..runtime import encode_prompt, prompt_messages
 from .objective import pad_anchors, sample_anchors, target_labels
 
-__all__ = ["Example", "anchor_generator", "collate", "epoch_batches", "label_counts", "load_rows", "rows_sha256",
-           "split_held_out", "tokenize_rows", "tokens_sha256"]
+__all__ = ["Example", "anchor_generator", "collate", "epoch_batches", "ids_sha256", "label_counts", "load_rows",
+           "rows_sha256", "split_held_out", "tokenize_rows", "tokens_sha256"]
 
 
 def load_rows(data, split: str = "train") -> list[dict]:
@@ -120,12 +120,16 @@ def tokenize_rows(rows, tokenizer, max_length=3072, chat_template=True, enable_t
     return examples
 
 
+def ids_sha256(ids: torch.Tensor) -> str:
+    """sha256 of token ids as int32 bytes: what a feature store's manifest records per row."""
+    return hashlib.sha256(ids.to(torch.int32).numpy().tobytes()).hexdigest()
+
+
 def tokens_sha256(example) -> str:
-    """sha256 of an example's token ids (int32 bytes, as a feature store's manifest records them; a stored row's is
-    read from there)."""
+    """`ids_sha256` of an example's tokens (a stored row's is read from its store's manifest)."""
     if hasattr(example, "store"):  # a features.StoredRef
         return example.store.rows[example.index]["sha256"]
-    return hashlib.sha256(example.input_ids.to(torch.int32).numpy().tobytes()).hexdigest()
+    return ids_sha256(example.input_ids)
 
 
 def rows_sha256(examples) -> str:

@@ -18,7 +18,6 @@ skipped; a resume with other build options, or whose data changed a stored row, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -32,7 +31,7 @@ from tqdm.auto import tqdm
 from ..config_cli import comma_ints, option
 from ..configuration_dflash import default_target_layer_ids
 from ..runtime import eos_token_ids, uses_chat_template
-from .data import load_rows, tokenize_rows
+from .data import ids_sha256, load_rows, tokenize_rows
 from .objective import target_labels
 
 SCHEMA = "dflash-retrace/features/v1"
@@ -73,10 +72,6 @@ def build_features(target, tokenizer, data, out_dir, config: FeaturesConfig | No
     return build_feature_store(target, examples, out_dir, layers, cfg.top_k, cfg.shard_tokens, meta, cfg.progress)
 
 
-def _ids_sha256(ids: torch.Tensor) -> str:
-    return hashlib.sha256(ids.to(torch.int32).numpy().tobytes()).hexdigest()
-
-
 def _model_name(name) -> str:
     """The repo or folder name of a model given by Hub id, local folder, registry name or Hub cache snapshot,
     lowercased: a local copy of a Hub repo compares equal to its id."""
@@ -100,7 +95,7 @@ def _differing(recorded: dict, wanted: dict) -> dict:
 def _check_stored_rows(manifest: dict, examples, out_dir) -> None:
     """Raises if a row of `examples` that the store already holds (by id) has other token ids than it had."""
     stored = {row["id"]: row["sha256"] for row in manifest["rows"]}
-    changed = [e.row_id for e in examples if e.row_id in stored and _ids_sha256(e.input_ids) != stored[e.row_id]]
+    changed = [e.row_id for e in examples if e.row_id in stored and ids_sha256(e.input_ids) != stored[e.row_id]]
     if changed:
         raise ValueError(
             f"{len(changed)} row(s) of the data have other tokens than the rows stored under the same id in {out_dir} "
@@ -184,7 +179,7 @@ def build_feature_store(target, examples, out_dir, layer_ids, top_k: int = 0, sh
         for e, *_ in buffer:
             n = int(e.input_ids.numel())
             manifest["rows"].append({"id": e.row_id, "shard": shard, "offset": offset, "length": n,
-                                     "sha256": _ids_sha256(e.input_ids)})
+                                     "sha256": ids_sha256(e.input_ids)})
             offset += n
         arrays = {
             "tokens": torch.cat([e.input_ids for e, *_ in buffer]).to(torch.int32).numpy(),
