@@ -89,6 +89,24 @@ def test_periodic_held_out_estimates_and_slot_tokens_are_logged(target, store, t
     assert later["held_out_tau_estimate"] >= 1.0 and len(later["held_out_slot_accuracy"]) == 7
 
 
+def test_held_out_estimates_follow_eval_every_even_off_the_log_grid(target, store, tmp_path):
+    # eval_every 15 with log_every 10: an estimate at updates 15 and 30 (they used to come only at multiples of both,
+    # so a run with --eval-every 325 --log-every 20 logged none until its end)
+    store_dir, _ = store
+    train_drafter(target, None, None, tmp_path, _config(store_dir, max_steps=32, eval_size=2, eval_every=15,
+                                                       log_every=10, eval_prompts=1, eval_max_new_tokens=8))
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "held_out_tau_estimate" in r] == [15, 30]
+    assert [r["step"] for r in log] == [10, 15, 20, 30, 32]
+
+
+def test_log_and_eval_intervals_are_checked():
+    with pytest.raises(ValueError, match=r"log_every.*>= 1"):
+        TrainConfig(log_every=0).resolved()
+    with pytest.raises(ValueError, match=r"eval_every.*>= 0"):
+        TrainConfig(eval_every=-5).resolved()
+
+
 def _held_store(target, rows, path, names, layers=(0, 1, 2, 3)):
     examples = [Example(ids, mask, int(mask.nonzero()[0]), name) for (ids, mask), name in zip(rows, names)]
     build_feature_store(target, examples, path, list(layers), progress=False)

@@ -136,13 +136,12 @@ class TrainConfig:
     resume: bool = option(False, "continue from the newest checkpoint in the output folder; the options that set "
                                  "the data, its order, split and schedule, the number of processes and the rows "
                                  "must be the saved run's (train_config.json, train_data.json)")
-    log_every: int = option(10, "updates between log lines")
+    log_every: int = option(10, "updates between log lines (held-out estimates add their own, see --eval-every)")
     report_to: str | None = option(None, "accelerate tracker: tensorboard, wandb, ...")
     progress: bool = option(True, "progress bars")
     eval_every: int = option(0, "updates between held-out estimates in train_log.jsonl (slot accuracy and the "
                                 "teacher-forced τ on up to 32 held-out rows, against supervised slot-tokens seen; "
-                                "plot with examples/plot_training.py; a multiple of --log-every); 0: the final "
-                                "summary only")
+                                "plot with examples/plot_training.py); 0: the final summary only")
     eval_prompts: int = option(16, "held-out prompts for the τ estimate")
     eval_max_new_tokens: int = option(256, "tokens per held-out τ prompt")
     save_dtype: str | None = option(None, "saved drafter dtype (default: the target's, which the drafter runs with)")
@@ -164,6 +163,9 @@ class TrainConfig:
             raise ValueError(f"keep_checkpoints (--keep-checkpoints) must be >= 1 when checkpoints are written (got "
                              f"{self.keep_checkpoints}: each would be deleted as soon as it is saved); to write none, "
                              "set checkpoint_every (--checkpoint-every) to 0.")
+        if self.log_every < 1 or self.eval_every < 0:
+            raise ValueError(f"log_every (--log-every) must be >= 1 and eval_every (--eval-every) >= 0 (0: no "
+                             f"held-out estimates during the run), got {self.log_every} and {self.eval_every}.")
         if self.distill and not self.features:
             raise ValueError("distill (--distill) reads the target's top-k logits from a feature store: add --features "
                              "STORE (built with `dflash-retrace features --top-k K`).")

@@ -390,10 +390,11 @@ def _optimise(model, target, dataset, vocab, cfg, accelerator, out_dir, attentio
             logged.append(loss)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
-            if state.step % cfg.log_every == 0 or state.step == total:
+            evaluate = bool(cfg.eval_every and state.step % cfg.eval_every == 0)
+            if state.step % cfg.log_every == 0 or state.step == total or evaluate:
                 record = {"step": state.step, "epoch": state.epoch, "loss": sum(logged) / len(logged), "lr": lr,
                           "elapsed_s": round(time.time() - started, 2), "slot_tokens": state.slot_tokens * world}
-                if cfg.eval_every and held_out and main and state.step % cfg.eval_every == 0:
+                if evaluate and held_out and main:
                     ev = evaluate_slots(model, target, held_out[:32], cfg.max_anchors, cfg.gamma, HELD_OUT_SEED,
                                         attention, cfg.labels)
                     record.update(held_out_slot_accuracy=ev["slot_accuracy"], held_out_tau_estimate=ev["tau_estimate"])
