@@ -47,7 +47,7 @@ def test_text_rows_drop_overlap_with_evaluation_sets(fake_sources, monkeypatch):
     prose, _, _ = fake_sources
     rows, _ = train_data.build_text_rows(num_rows=30, seed=1, check_overlap=False)
     victim = next(r for r in rows if r["kind"] == "prose" and "w" in r["response"])
-    shingles = train_data._shingles(victim["response"])
+    shingles = train_data._windows(train_data._words(victim["response"]))
     monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(list(shingles)[:1]), []))
     kept, manifest = train_data.build_text_rows(num_rows=30, seed=1)
     assert manifest["eval_overlap_check"]["dropped"] >= 1 and len(kept) == len(rows) - manifest[
@@ -71,7 +71,7 @@ def test_prompt_mix_covers_every_kind_and_drops_overlap(fake_sources, monkeypatc
     again, _ = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
     assert again == rows  # deterministic for a seed
     victim = next(r for r in rows if r["kind"] == "math")
-    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (train_data._shingles(victim["prompt"]), []))
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (train_data._windows(train_data._words(victim["prompt"])), []))
     kept, manifest = prompt_mix.build_prompt_mix(num_prompts=40, seed=0)
     assert manifest["eval_overlap_check"]["dropped"] >= 1 and victim["prompt"] not in {r["prompt"] for r in kept}
 
@@ -100,7 +100,7 @@ def test_a_second_mix_excludes_an_earlier_one_and_keeps_its_own_ids(fake_sources
     assert report["files"] == [{"file": str(first), "prompts": len(earlier)}]
     manifest = json.loads((tmp_path / "mix1.jsonl.manifest.json").read_text())
     assert manifest["num_prompts"] == len(rows) == sum(manifest["counts"].values())
-    content = lambda p: train_data._shingles(" ".join(train_data._content_words(p)))  # noqa: E731 - templates left out
+    content = lambda p: train_data._windows(train_data._content_words(p))  # noqa: E731 - templates left out
     old_shingles = set().union(*(content(r["prompt"]) for r in earlier))
     old_prompts = {r["prompt"] for r in earlier}
     assert rows and all(r["prompt"] not in old_prompts and not (content(r["prompt"]) & old_shingles) for r in rows)

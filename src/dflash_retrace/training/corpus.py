@@ -202,10 +202,6 @@ def _windows(words: list, n=NGRAM_WORDS) -> set:
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-def _shingles(text: str, n=NGRAM_WORDS) -> set:
-    return _windows(_words(text), n)
-
-
 @functools.lru_cache(maxsize=1)
 def _template_ends() -> tuple:
     """(prefixes, suffixes): word tuples of the text around the content slot of every known template, longest
