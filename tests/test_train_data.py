@@ -110,3 +110,36 @@ def test_a_second_mix_excludes_an_earlier_one_and_keeps_its_own_ids(fake_sources
     with pytest.raises(ValueError, match="no rows with a 'prompt'"):
         train_data.build_corpus(train_data.CorpusConfig(out=str(tmp_path / "x.jsonl"), num_prompts=10, seed=2,
                                                         mix=True, exclude=str(empty)))
+
+
+def test_installed_packages_join_the_code_sources(fake_sources, monkeypatch, tmp_path):
+    import json
+
+    pkg = tmp_path / "site" / "toypkg"
+    (pkg / "tests").mkdir(parents=True)
+    body = "\n".join(f"    total = total + {j} * x" for j in range(10))
+    spec = '    """Return the running total of x over the ten steps of item {i}."""\n'
+    (pkg / "__init__.py").write_text("".join(f"def step{i}(x):\n{spec.format(i=i)}    total = 0\n{body}\n    return total\n\n"
+                                             for i in range(30)))
+    (pkg / "tests" / "test_skip.py").write_text(f"def skipped(x):\n{spec.format(i=0)}{body}\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(train_data, "_eval_shingles", lambda: (set(), []))
+    monkeypatch.setattr(train_data.assets, "sha256_file", lambda path: "stand-in")
+    out = tmp_path / "mix.jsonl"
+    train_data.build_corpus(train_data.CorpusConfig(out=str(out), num_prompts=40, seed=3, mix=True,
+                                                    mix_shares="0.5,0.25,0.25,0", code_packages="toypkg"))
+    rows = train_data.read_jsonl(out)
+    manifest = json.loads((tmp_path / "mix.jsonl.manifest.json").read_text())
+    report = manifest["code_sources"]["python-package:toypkg"]
+    assert report["functions_available"] == 30 and report["version"] is None and report["import_name"] == "toypkg"
+    from_pkg = [r for r in rows if r["source"].startswith("python-package:toypkg/__init__.py:step")]
+    assert any(r["template"].startswith("solve") for r in from_pkg) and not any("skipped" in r["prompt"] for r in rows)
+    assert {r["kind"] for r in rows} == {"code", "math"} and manifest["shares"] == [0.5, 0.25, 0.25, 0.0]
+    stdlib_only, _ = train_data._code_functions()
+    assert len(stdlib_only) == 20  # the stand-in stdlib; no package unless asked for
+    with pytest.raises(ValueError, match="not an installed package here"):
+        train_data.build_corpus(train_data.CorpusConfig(out=str(out), mix=True, code_packages="toypkg,no_such_pkg"))
+    with pytest.raises(ValueError, match="sum to 1"):
+        train_data.build_corpus(train_data.CorpusConfig(out=str(out), mix=True, mix_shares="0.5,0.5,0.5,0"))
+    with pytest.raises(ValueError, match="--mix only"):
+        train_data.build_corpus(train_data.CorpusConfig(out=str(out), mix_shares="0.5,0.25,0.25,0"))

