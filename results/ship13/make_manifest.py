@@ -1,4 +1,4 @@
-"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 8 and its ReTrace stage).
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 15 and its ReTrace stage).
 
 Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
 or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
@@ -26,8 +26,8 @@ def main(out: str) -> None:
     manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
     manifest = {
         "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
-                       "DFlash drafter is the work-in-progress lineage's run 8 (runs 1-8, ~26.5M supervised "
-                       "slot-tokens), the ReTrace drafter its ReTrace stage",
+                       "DFlash drafter is the work-in-progress lineage's run 15 (runs 1-15, ~69.6M supervised "
+                       "slot-tokens; run 8 was shipped before it), the ReTrace drafter its ReTrace stage",
         "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
         "files": files,
         "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
@@ -39,8 +39,16 @@ def main(out: str) -> None:
             "7": "store2, store3a, store3b, store4 (regen-mix-part02 1,409-1,679 + regen-mix-part03): the whole first "
                  "prompt mix but the held-out split (5,461 answers)",
             "8": "store3b, store4, store5 (regen-mix1-part00, the second prompt mix): 6,915 answers",
-            "retrace": "248 answers of regen-mix2-part00 (the third prompt mix, never trained on by runs 1-8), "
-                       "prompts rolled out with run 8 (results/ship13/retrace11.sh)",
+            "11": "regen-mix2-part00 (the third prompt mix): 3,609 answers",
+            "12": "regen-mix1-part00 + regen-mix2-part00 (the second and third mixes): 7,411 answers",
+            "13": "regen-mix1-part00 + regen-mix2-part00 + regen-mix3-part00 (the second to fourth mixes): 11,769 "
+                  "answers",
+            "14": "regen-mix4-part00 (the fifth mix) + the first mix (regen-mix-part00..03) but the held-out split: "
+                  "10,289 answers",
+            "15": "regen-mix5-part00 (the sixth mix) + regen-mix3-part00 (the fourth): 8,529 answers",
+            "retrace": "248 answers of regen-mix6-part00 (the seventh prompt mix, never trained on by any run), "
+                       "prompts rolled out with run 15 (SOURCE=regen-mix6-part00 results/ship13/retrace11.sh); the "
+                       "ReTrace drafter shipped with run 8 used 248 answers of regen-mix2-part00",
         },
         "eval_overlap_check": "every prompt (and text-row response) sharing a 13-word window with a HumanEval (164), "
                               "MT-Bench (80) or GSM8K-test (1,319) prompt was dropped when the rows were built; "

@@ -3,12 +3,14 @@
 # answers of the third prompt mix (data/smollm2-135m-instruct/regen-mix2-part00.jsonl.gz, which runs 1-8 never trained
 # on; shuffled with seed 11, the first 248). Every prompt is rolled out once with run 8 (greedy, bf16 target, one core),
 # then 500 updates of 2 sequences replay its rounds with the memory they received; the option's zero-initialised
-# weights train at 10x the backbone's lr. Run from the repository root; OUT=<folder>.
+# weights train at 10x the backbone's lr. Run from the repository root; OUT=<folder>, INIT=<DFlash backbone> (default:
+# the WIP checkpoint), SOURCE=<answers file in data/smollm2-135m-instruct, without .jsonl.gz> (default:
+# regen-mix2-part00; run 15's stage used regen-mix6-part00, which no run has trained on).
 set -eu
 export OMP_NUM_THREADS=1
 OUT=${OUT:-retrace11}
 DATA=${DATA:-$OUT.data.jsonl}
-[ -f "$DATA" ] || gunzip -c data/smollm2-135m-instruct/regen-mix2-part00.jsonl.gz | python -c "
+[ -f "$DATA" ] || gunzip -c data/smollm2-135m-instruct/${SOURCE:-regen-mix2-part00}.jsonl.gz | python -c "
 import random, sys
 rows = sys.stdin.readlines(); random.Random(11).shuffle(rows); sys.stdout.writelines(rows[:248])" > "$DATA"
 dflash-retrace train --stage retrace --init ${INIT:-checkpoints/smollm2-135m-instruct-dflash-b8-wip} \
