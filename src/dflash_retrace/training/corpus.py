@@ -117,13 +117,13 @@ def package_sources(packages) -> dict:
 
     Found without importing them; a name that is not an installed package (a plain module or a typo) is an error.
     A package without distribution metadata (a source folder on sys.path) is reported with version None."""
-    out = {}
+    out, dists = {}, importlib.metadata.packages_distributions() if packages else {}
     for name in packages:
         spec = importlib.util.find_spec(name) if name.isidentifier() else None
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"--code-packages: {name!r} is not an installed package here (give import names such "
                              "as numpy,sympy; `pip install` it, or leave it out)")
-        dist = (importlib.metadata.packages_distributions().get(name) or [None])[0]
+        dist = (dists.get(name) or [None])[0]
         out[name] = {"distribution": dist or name, "version": importlib.metadata.version(dist) if dist else None,
                      "path": str(Path(list(spec.submodule_search_locations)[0]))}
     return out
