@@ -5,7 +5,7 @@
 # results/wip_run13/README.md, "Stores for run 14"), run 8's recipe otherwise: bf16 stores and autocast, peak lr 2e-4
 # cosine, 3% warm-up, 4 sequences per update, 256 anchors; seed 8 (a new data order).
 set -eu  # run in the folder that holds the stores, with INIT=<run 13's weights>
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=${THREADS:-1}  # THREADS=2 when the other core is free
 dflash-retrace train --target smollm2-135m-instruct --features s4,s0 --eval-features heldout \
   --init ${INIT:?INIT=run 13 folder} --out ${OUT:-run14} --labels target-chain \
   --mixed-precision bf16 --max-steps ${STEPS:-1900} --grad-accum 4 --lr 2e-4 --warmup-ratio 0.03 --max-anchors 256 \
