@@ -5,7 +5,7 @@
 # then 500 updates of 2 sequences replay its rounds with the memory they received; the option's zero-initialised
 # weights train at 10x the backbone's lr. Run from the repository root; OUT=<folder>, INIT=<DFlash backbone> (default:
 # the WIP checkpoint), SOURCE=<answers file in data/smollm2-135m-instruct, without .jsonl.gz> (default:
-# regen-mix2-part00; run 15's stage used regen-mix6-part00, which no run has trained on).
+# regen-mix2-part00; run 15's stage used regen-mix6-part00, which no DFlash run had trained on then; run 16 trains on it).
 set -eu
 export OMP_NUM_THREADS=1
 OUT=${OUT:-retrace11}
