@@ -1,4 +1,4 @@
-"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 15 and its ReTrace stage).
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 16 and its ReTrace stage).
 
 Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
 or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
@@ -26,8 +26,8 @@ def main(out: str) -> None:
     manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
     manifest = {
         "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
-                       "DFlash drafter is the work-in-progress lineage's run 15 (runs 1-15, ~69.6M supervised "
-                       "slot-tokens; run 8 was shipped before it), the ReTrace drafter its ReTrace stage",
+                       "DFlash drafter is the work-in-progress lineage's run 16 (runs 1-16, ~79.5M supervised "
+                       "slot-tokens; runs 8 and 15 were shipped before it), the ReTrace drafter its ReTrace stage",
         "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
         "files": files,
         "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
@@ -46,9 +46,12 @@ def main(out: str) -> None:
             "14": "regen-mix4-part00 (the fifth mix) + the first mix (regen-mix-part00..03) but the held-out split: "
                   "10,289 answers",
             "15": "regen-mix5-part00 (the sixth mix) + regen-mix3-part00 (the fourth): 8,529 answers",
-            "retrace": "248 answers of regen-mix6-part00 (the seventh prompt mix, never trained on by any run), "
-                       "prompts rolled out with run 15 (SOURCE=regen-mix6-part00 results/ship13/retrace11.sh); the "
-                       "ReTrace drafter shipped with run 8 used 248 answers of regen-mix2-part00",
+            "16": "regen-mix6-part00 (the seventh mix) + regen-mix7-part00..02 (the code-heavy eighth): 9,567 "
+                  "answers",
+            "retrace": "248 answers of regen-mix8-part00 (the ninth prompt mix, never trained on by any run), "
+                       "prompts rolled out with run 16 (SOURCE=regen-mix8-part00 results/ship13/retrace11.sh); the "
+                       "ReTrace drafters shipped with run 8 and run 15 used 248 answers of regen-mix2-part00 and "
+                       "regen-mix6-part00",
         },
         "eval_overlap_check": "every prompt (and text-row response) sharing a 13-word window with a HumanEval (164), "
                               "MT-Bench (80) or GSM8K-test (1,319) prompt was dropped when the rows were built; "
