@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 def main(out: str, init: str) -> None:
     rounds = with_memory = 0
     for path in sorted(Path(out, "rollouts").glob("*.pt")):
-        rollout = torch.load(path, weights_only=False)
+        rollout = torch.load(path, weights_only=True)
         rounds += len(rollout["acceptance_lengths"])
         with_memory += int((rollout["memory_index"] >= 0).sum())
     print(f"rollout rounds {rounds}, with memory {with_memory}")
