@@ -27,10 +27,9 @@ def read_gz(name):
 
 def retrace16_ids():
     """The 248 rows of run 16's ReTrace stage: results/ship13/retrace11.sh's shuffle of regen-mix8-part00."""
-    with gzip.open(os.path.join(DATA, "regen-mix8-part00.jsonl.gz"), "rt") as f:
-        lines = f.readlines()
-    random.Random(11).shuffle(lines)
-    return {json.loads(line)["id"] for line in lines[:248]}
+    rows = read_gz("regen-mix8-part00.jsonl.gz")
+    random.Random(11).shuffle(rows)  # the shell shuffles the same rows as lines: the same permutation
+    return {r["id"] for r in rows[:248]}
 
 
 def main():
