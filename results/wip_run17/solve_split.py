@@ -32,13 +32,37 @@ def retrace16_ids():
     return {r["id"] for r in rows[:248]}
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def split_parser(doc):
+    """The command line of a held-out split script (this one and results/wip_run18/math_split.py)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--ids", required=True, help="the split's ids (written when missing, read otherwise)")
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--answers", help="the mix's answers (jsonl): split them into --heldout and --train")
     p.add_argument("--heldout")
     p.add_argument("--train")
+    return p
+
+
+def write_split(p, a, ids, skip=frozenset()):
+    """--answers into --heldout (in the ids' order, so replays see the same sequence) and --train (file order, less
+    the held-out ids and `skip`)."""
+    if not (a.heldout and a.train):
+        p.error("--answers needs --heldout and --train")
+    rows = [json.loads(line) for line in open(a.answers)]
+    held = {r["id"]: r for r in rows if r["id"] in ids}
+    if len(held) != len(ids):
+        p.error(f"{len(ids) - len(held)} held-out ids have no answer in {a.answers}: finish regenerate first")
+    with open(a.heldout, "w") as f:
+        f.writelines(json.dumps(held[i]) + "\n" for i in sorted(ids))
+    train = [r for r in rows if r["id"] not in ids and r["id"] not in skip]
+    with open(a.train, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train)
+    print(f"{len(held)} held-out rows -> {a.heldout}, {len(train)} training rows -> {a.train} "
+          f"({len(rows) - len(held) - len(train)} other rows left out)")
+
+
+def main():
+    p = split_parser(__doc__)
     a = p.parse_args()
     if not os.path.exists(a.ids):
         skip = retrace16_ids()
@@ -52,20 +76,7 @@ def main():
         print(f"wrote {a.ids}: {len(ids)} of {len(pool)} solve prompts")
     ids = set(json.load(open(a.ids))["ids"])
     if a.answers:
-        if not (a.heldout and a.train):
-            p.error("--answers needs --heldout and --train")
-        rows = [json.loads(line) for line in open(a.answers)]
-        held = {r["id"]: r for r in rows if r["id"] in ids}
-        if len(held) != len(ids):
-            p.error(f"{len(ids) - len(held)} held-out ids have no answer in {a.answers}: finish regenerate first")
-        with open(a.heldout, "w") as f:  # in the ids' order, so replays see the same sequence
-            f.writelines(json.dumps(held[i]) + "\n" for i in sorted(ids))
-        skip = ids | retrace16_ids()
-        train = [r for r in rows if r["id"] not in skip]
-        with open(a.train, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in train)
-        print(f"{len(held)} held-out rows -> {a.heldout}, {len(train)} training rows -> {a.train} "
-              f"({len(rows) - len(held) - len(train)} ReTrace-stage rows left out)")
+        write_split(p, a, ids, skip=retrace16_ids())  # the ReTrace-stage rows stay out of training too
 
 
 if __name__ == "__main__":
