@@ -24,7 +24,7 @@ def main():
     a = p.parse_args()
     if not os.path.exists(a.ids):
         pool = sorted(r["id"] for r in read_gz("prompt-mix9.jsonl.gz"))
-        ids = [pool[i] for i in sorted(random.Random(18).sample(range(len(pool)), a.size))]
+        ids = sorted(random.Random(18).sample(pool, a.size))
         with open(a.ids, "w") as f:
             json.dump({"what": "math held-out split from run 18 on (results/wip_run18/math_split.py): "
                        f"{a.size} prompts of prompt-mix9 (seed 18). Never train on them",
