@@ -1,4 +1,4 @@
-"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 16 and its ReTrace stage).
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 18 and its ReTrace stage).
 
 Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
 or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
@@ -26,11 +26,14 @@ def main(out: str) -> None:
     manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
     manifest = {
         "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
-                       "DFlash drafter is the work-in-progress lineage's run 16 (runs 1-16, ~79.5M supervised "
-                       "slot-tokens; runs 8 and 15 were shipped before it), the ReTrace drafter its ReTrace stage",
+                       "DFlash drafter is the work-in-progress lineage's run 18 (runs 1-18, ~90.6M supervised "
+                       "slot-tokens; runs 8, 15 and 16 were shipped before it), the ReTrace drafter its ReTrace "
+                       "stage",
         "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
         "files": files,
         "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
+        "held_out_solve": json.loads((DATA / "held-out-solve-ids.json").read_text()),
+        "held_out_math": json.loads((DATA / "held-out-math-ids.json").read_text()),
         "runs": {
             "1-3": "store: 1,068 source-text rows (text-rows.manifest.json recipe) + the first 1,088 answers of "
                    "regen-mix-part00",
@@ -48,10 +51,15 @@ def main(out: str) -> None:
             "15": "regen-mix5-part00 (the sixth mix) + regen-mix3-part00 (the fourth): 8,529 answers",
             "16": "regen-mix6-part00 (the seventh mix) + regen-mix7-part00..02 (the code-heavy eighth): 9,567 "
                   "answers",
-            "retrace": "248 answers of regen-mix8-part00 (the ninth prompt mix, never trained on by any run), "
-                       "prompts rolled out with run 16 (SOURCE=regen-mix8-part00 results/ship13/retrace11.sh); the "
-                       "ReTrace drafters shipped with run 8 and run 15 used 248 answers of regen-mix2-part00 and "
-                       "regen-mix6-part00",
+            "17": "regen-mix8-part00..03 (the code-heavy ninth mix) but its 64 held-out solve rows and the 248 "
+                  "rows run 16's ReTrace stage rolled out: 2,951 answers, 2.03 epochs",
+            "18": "run 17's 2,951 answers + regen-mix9-part00 (the tenth mix, math only) but its 64 held-out math "
+                  "rows: 3,861 answers, 1.04 epochs",
+            "retrace": "608 answers of regen-mix10-part00 (the eleventh prompt mix, never trained on by any run; "
+                       "shuffled with seed 11, the first 608), prompts rolled out with run 18, backbone frozen "
+                       "(SOURCE=regen-mix10-part00 ROWS=608 results/ship13/retrace11.sh --freeze-backbone "
+                       "--max-steps 300); the ReTrace drafters shipped with runs 8, 15 and 16 used 248 answers of "
+                       "regen-mix2-part00, regen-mix6-part00 and regen-mix8-part00",
         },
         "eval_overlap_check": "every prompt (and text-row response) sharing a 13-word window with a HumanEval (164), "
                               "MT-Bench (80) or GSM8K-test (1,319) prompt was dropped when the rows were built; "

@@ -5,14 +5,15 @@
 # then 500 updates of 2 sequences replay its rounds with the memory they received; the option's zero-initialised
 # weights train at 10x the backbone's lr. Run from the repository root; OUT=<folder>, INIT=<DFlash backbone> (default:
 # the WIP checkpoint), SOURCE=<answers file in data/smollm2-135m-instruct, without .jsonl.gz> (default:
-# regen-mix2-part00; run 15's stage used regen-mix6-part00, which no DFlash run had trained on then; run 16 trains on it).
+# regen-mix2-part00; run 15's stage used regen-mix6-part00, which no DFlash run had trained on then; run 16 trains on it),
+# ROWS=<how many of the shuffled answers> (default 248; run 18's stage, results/ship18/, takes 608 with --freeze-backbone).
 set -eu
 export OMP_NUM_THREADS=1
 OUT=${OUT:-retrace11}
 DATA=${DATA:-$OUT.data.jsonl}
 [ -f "$DATA" ] || gunzip -c data/smollm2-135m-instruct/${SOURCE:-regen-mix2-part00}.jsonl.gz | python -c "
 import random, sys
-rows = sys.stdin.readlines(); random.Random(11).shuffle(rows); sys.stdout.writelines(rows[:248])" > "$DATA"
+rows = sys.stdin.readlines(); random.Random(11).shuffle(rows); sys.stdout.writelines(rows[:${ROWS:-248}])" > "$DATA"
 dflash-retrace train --stage retrace --init ${INIT:-checkpoints/smollm2-135m-instruct-dflash-b8-wip} \
   --target smollm2-135m-instruct --dtype bfloat16 --data "$DATA" --out "$OUT" \
   --max-length 640 --max-anchors 128 --max-steps 500 --grad-accum 2 --lr 5e-5 --new-weights-lr-scale 10 \
