@@ -98,7 +98,7 @@ def analyse(rounds, sequence, draft_to_target):
         oracle = [t if (v and t == u_tok[i]) else own[i] for i, (t, v) in enumerate(zip(truth, valid.tolist()))]
         rec["accepted"]["oracle"] = _accepted(oracle, truth)
         for lam in LAMBDAS:
-            mix = d_lp + valid[:, None].float() * min(lam, 1e6) * u_lp if lam < 1e6 else \
+            mix = d_lp + valid[:, None].float() * lam * u_lp if lam < 1e6 else \
                 torch.where(valid[:, None], u_lp, d_lp)
             rec["accepted"][lam] = _accepted(draft_to_target[mix.argmax(-1)].tolist(), truth)
         out.append(rec)
