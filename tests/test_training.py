@@ -1,5 +1,6 @@
 """Training: the DFlash objective's attention rule, the trainer (τ goes up), resume, ReTrace stage, LoRA."""
 
+import dataclasses
 import json
 
 import pytest
@@ -299,8 +300,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(target, rows, tmp_pat
 
 
 def dataclass_replace(config, **changes):
-    import dataclasses
-
+    
     return dataclasses.replace(config, **changes)
 
 
@@ -376,6 +376,35 @@ def test_retrace_freeze_backbone_trains_retrace_weights_only(target, rows, dflas
             continue
         assert torch.equal(value, base[name]), name
     assert trained.retrace.value.weight.any()
+
+
+def test_retrace_rollouts_sample_a_seeded_share_of_rows(target, rows, dflash_run, tmp_path):
+    dflash_dir, _ = dflash_run
+    config = quick(stage="retrace", init=str(dflash_dir), max_steps=1, rollout_temperature=1.0,
+                   rollout_sampled_share=0.5, seed=5)
+
+    def recorded(out):
+        return [torch.load(f, weights_only=True) for f in sorted((out / "rollouts").glob("*.pt"))]
+
+    train_drafter(target, None, rows, tmp_path / "a", config)
+    first = recorded(tmp_path / "a")
+    assert len(first) == len(rows) and {r["temperature"] for r in first} == {0.0, 1.0}
+    greedy = [row["input_ids"] for row in rows]  # the target's own greedy continuations
+    assert all(r["input_ids"].tolist() in greedy for r in first if r["temperature"] == 0.0)
+    assert any(r["input_ids"].tolist() not in greedy for r in first if r["temperature"] == 1.0)
+    # Seeded per row: a second run samples the same rows and the same tokens.
+    train_drafter(target, None, rows, tmp_path / "b", config)
+    second = recorded(tmp_path / "b")
+    assert [(r["temperature"], r["input_ids"].tolist()) for r in second] == \
+           [(r["temperature"], r["input_ids"].tolist()) for r in first]
+    # Resuming with other rollouts would mix them: refused.
+    with pytest.raises(ValueError, match="rollout-temperature"):
+        train_drafter(target, None, rows, tmp_path / "a", dataclasses.replace(config, rollout_temperature=0.7,
+                                                                             resume=True))
+    with pytest.raises(ValueError, match="stage"):
+        quick(rollout_temperature=1.0).resolved()
+    with pytest.raises(ValueError, match="rollout_sampled_share"):
+        quick(stage="retrace", rollout_sampled_share=1.5).resolved()
 
 
 def test_retrace_needs_a_drafter(target, rows, tmp_path):

@@ -125,6 +125,10 @@ class TrainConfig:
     # ReTrace stage.
     beta_warmup: int = option(50, "retrace: updates for beta to ramp 0 -> 1")
     freeze_backbone: bool = option(False, "retrace: train the ReTrace weights only")
+    rollout_temperature: float = option(0.0, "retrace: the rollouts' sampling temperature (0: greedy); sampled "
+                                             "rounds meet the memory that sampling (T > 0) generation gives")
+    rollout_sampled_share: float = option(1.0, "retrace: with --rollout-temperature > 0, the share of rows rolled "
+                                               "out sampled (the others greedy), chosen per row from --seed")
     # LoRA (PEFT) on the drafter's attention, MLP and fc.
     lora: bool = option(False, "train a LoRA adapter on attention/MLP/fc instead of all weights")
     lora_r: int = option(16, "LoRA rank")
@@ -178,5 +182,12 @@ class TrainConfig:
         if self.features and self.stage == "retrace":
             raise ValueError("The ReTrace stage rolls out real draft-verify rounds with the target online: train it "
                              "from --data (rows), without --features.")
+        if self.rollout_temperature < 0 or not 0.0 <= self.rollout_sampled_share <= 1.0:
+            raise ValueError(f"rollout_temperature (--rollout-temperature) must be >= 0 (0: greedy) and "
+                             f"rollout_sampled_share (--rollout-sampled-share) in [0, 1], got "
+                             f"{self.rollout_temperature} and {self.rollout_sampled_share}.")
+        if self.rollout_temperature and self.stage != "retrace":
+            raise ValueError("rollout_temperature (--rollout-temperature) sets the ReTrace stage's rollouts: add "
+                             "stage='retrace' (--stage retrace) or drop it.")
         filled = {k: v for k, v in STAGE_DEFAULTS[self.stage].items() if getattr(self, k) is None}
         return dataclasses.replace(self, **filled)

@@ -304,7 +304,8 @@ def _stage_dataset(model, target, train_examples, cfg, out_dir, accelerator):
         store_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mixed_precision, torch.float32)
         mine = range(accelerator.process_index, len(train_examples), accelerator.num_processes)
         show = cfg.progress and accelerator.is_main_process
-        lengths = rollouts(model, target, train_examples, mine, out_dir, store_dtype, show)
+        lengths = rollouts(model, target, train_examples, mine, out_dir, store_dtype, show,
+                           temperature=cfg.rollout_temperature, sampled_share=cfg.rollout_sampled_share, seed=cfg.seed)
         from accelerate.utils import gather_object
 
         lengths = gather_object(lengths)

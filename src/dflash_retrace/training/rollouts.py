@@ -1,6 +1,7 @@
 """ReTrace-stage rollouts: real draft-verify rounds with the project's own generator, recorded for replay.
 
-Each training sequence is rolled out once (greedy) with the starting drafter; every round's anchor position and
+Each training sequence is rolled out once with the starting drafter (greedy, or sampled at `temperature` for a
+seeded share of the rows, so that training also meets the memory that sampling generation gives); every round's anchor position and
 the ReTrace memory that entered the drafter are kept (`recording_rounds`), one file per sequence under
 `out_dir/rollouts` (reused on resume). Training then replays each round as a block anchored there with that
 memory (see `data.collate`).
@@ -61,13 +62,28 @@ def recording_rounds(drafter):
         del drafter.make_candidate_generator
 
 
+def _sampling(i, temperature, sampled_share, seed):
+    """generate() options of row i's rollout: greedy, or sampled at `temperature` for the rows a per-row draw from
+    `seed` puts inside `sampled_share`. The draw is row i's own, so resuming or sharding over processes picks the
+    same rows."""
+    if temperature <= 0:
+        return {"do_sample": False}
+    draw = torch.rand((), generator=torch.Generator().manual_seed(seed * 1_000_003 + i)).item()
+    if draw >= sampled_share:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": float(temperature), "top_p": 1.0, "top_k": 0}  # the full distribution
+
+
 @torch.no_grad()
-def rollouts(model, target, examples, indices, out_dir, store_dtype, progress):
-    """Greedy draft-verify rollouts of `examples[i]` for i in indices, one file each under out_dir/rollouts.
+def rollouts(model, target, examples, indices, out_dir, store_dtype, progress, temperature=0.0, sampled_share=1.0,
+             seed=0):
+    """Draft-verify rollouts of `examples[i]` for i in indices, one file each under out_dir/rollouts: greedy, or
+    sampled at `temperature` (full distribution) for a `sampled_share` of the rows, seeded per row.
 
     A file holds the committed sequence (prompt + the target's continuation), every round's anchor and,
-    for rounds that received memory, that memory (slots aligned to the block, padded to B, slot 0 invalid).
-    Existing files are kept (resume). Returns the acceptance lengths of all these rollouts' rounds.
+    for rounds that received memory, that memory (slots aligned to the block, padded to B, slot 0 invalid),
+    and the temperature it was rolled out at (0: greedy). Existing files are kept (resume). Returns the
+    acceptance lengths of all these rollouts' rounds.
     """
     core = drafter_core(model)
     B = core.config.block_size
@@ -86,8 +102,11 @@ def rollouts(model, target, examples, indices, out_dir, store_dtype, progress):
             rounds.clear()
             prompt = ex.input_ids[: ex.prompt_length][None].to(target.device)
             new_tokens = int(ex.input_ids.numel() - ex.prompt_length)
-            out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=model,
-                                  max_new_tokens=new_tokens, do_sample=False)
+            sampling = _sampling(i, temperature, sampled_share, seed)
+            with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
+                torch.manual_seed(seed * 1_000_003 + i)  # the row's own sample, whatever ran before it
+                out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=model,
+                                      max_new_tokens=new_tokens, **sampling)
             stats = core.last_stats
             lengths += stats.acceptance_lengths
             ids = out[0].cpu()
@@ -117,6 +136,7 @@ def rollouts(model, target, examples, indices, out_dir, store_dtype, progress):
                 "u": torch.stack(us) if us else torch.zeros(0, B, hidden, dtype=store_dtype),
                 "valid": torch.stack(valids) if valids else torch.zeros(0, B, dtype=torch.bool),
                 "acceptance_lengths": list(stats.acceptance_lengths),
+                "temperature": float(sampling.get("temperature", 0.0)),
             }, partial)
             partial.replace(path)
     model.train(was_training)
