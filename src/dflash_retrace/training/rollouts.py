@@ -62,13 +62,18 @@ def recording_rounds(drafter):
         del drafter.make_candidate_generator
 
 
+def _row_seed(seed, i):
+    """Row i's own seed: both its greedy-or-sampled draw and its sample come from it."""
+    return seed * 1_000_003 + i
+
+
 def _sampling(i, temperature, sampled_share, seed):
     """generate() options of row i's rollout: greedy, or sampled at `temperature` for the rows a per-row draw from
     `seed` puts inside `sampled_share`. The draw is row i's own, so resuming or sharding over processes picks the
     same rows."""
     if temperature <= 0:
         return {"do_sample": False}
-    draw = torch.rand((), generator=torch.Generator().manual_seed(seed * 1_000_003 + i)).item()
+    draw = torch.rand((), generator=torch.Generator().manual_seed(_row_seed(seed, i))).item()
     if draw >= sampled_share:
         return {"do_sample": False}
     return {"do_sample": True, "temperature": float(temperature), "top_p": 1.0, "top_k": 0}  # the full distribution
@@ -104,7 +109,7 @@ def rollouts(model, target, examples, indices, out_dir, store_dtype, progress, t
             new_tokens = int(ex.input_ids.numel() - ex.prompt_length)
             sampling = _sampling(i, temperature, sampled_share, seed)
             with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
-                torch.manual_seed(seed * 1_000_003 + i)  # the row's own sample, whatever ran before it
+                torch.manual_seed(_row_seed(seed, i))  # the row's own sample, whatever ran before it
                 out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=model,
                                       max_new_tokens=new_tokens, **sampling)
             stats = core.last_stats
