@@ -23,8 +23,8 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 # Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 1 thread:
-# - shipped now: 1.70 for the DFlash drafter (run 20, also the WIP checkpoint) and 1.70 for its ReTrace stage, 53
-#   rounds each (run 17, never shipped, gave 1.72 over 53);
+# - shipped now: 1.70 for the DFlash drafter (run 20) and 1.70 for its ReTrace stage, 53 rounds each; the WIP
+#   checkpoint (run 21, not shipped yet) 1.73 over 52 (run 17, never shipped, gave 1.72 over 53);
 # - shipped before: 1.75 / 1.72 for run 19 and its ReTrace stage, 1.65 / 1.62 for run 18 and its ReTrace stage, 1.72 / 1.69 for run 16 and its stage, 1.72 / 1.75
 #   for run 15 and its stage, 1.50 / 1.48 for run 8 and its stage, and 1.25 / 1.23 for the drafters shipped before
 #   issue 13 (model cards: the benchmarks).
