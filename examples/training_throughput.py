@@ -1,8 +1,9 @@
 """Supervised slot-tokens per second of a DFlash training step: the old path against the new one, same rows, one run.
 
-- old: the target runs online (fp32) on every step, the loss is a full-vocabulary softmax, fp32, dense block mask
-  (what `train` did before the feature store);
-- new: features and labels read from a feature store, a draft vocabulary, bf16 autocast, block-local attention.
+- old: the target runs online (fp32) on every step, the loss is a full-vocabulary softmax, fp32, dense block mask,
+  the LM head in chunks of 4,096 slots (what `train` did before the feature store);
+- new: features and labels read from a feature store, a draft vocabulary, bf16 autocast, block-local attention,
+  the LM head in chunks sized by `logits_chunk_size` (512 slots on the CPU for 8,192 rows), fused AdamW (as `train`).
 
 Intermediate variants show where the gain comes from. Each step is forward + backward + AdamW on the same anchors;
 the variants run in turn on each row (interleaved), after one warm-up row each. A slot-token is a supervised
@@ -26,16 +27,20 @@ from dflash_retrace.training.data import label_counts
 from dflash_retrace.training.features import FeatureStore, StoredRows
 from dflash_retrace.training.objective import dflash_block_loss, draft_vocabulary, sample_anchors, target_features
 
-VARIANTS = {  # name: (stored features, bf16 autocast, attention, draft vocabulary)
-    "old: online target, full vocab, fp32, dense": (False, False, "dense", False),
-    "store, full vocab, fp32, dense": (True, False, "dense", False),
-    "store, full vocab, bf16, dense": (True, True, "dense", False),
-    "store, full vocab, bf16, local": (True, True, "local", False),
-    "new: store, draft vocab, bf16, local": (True, True, "local", True),
+OLD_CHUNK = 4096  # the LM-head chunk `train` used on every device before `logits_chunk_size`
+VARIANTS = {  # name: (stored features, bf16 autocast, attention, draft vocabulary, LM-head chunk (None: the default),
+    # fused AdamW)
+    "old: online target, full vocab, fp32, dense": (False, False, "dense", False, OLD_CHUNK, False),
+    "store, full vocab, fp32, dense": (True, False, "dense", False, OLD_CHUNK, False),
+    "store, full vocab, bf16, dense": (True, True, "dense", False, OLD_CHUNK, False),
+    "store, full vocab, bf16, local": (True, True, "local", False, OLD_CHUNK, False),
+    "store, draft vocab, bf16, local": (True, True, "local", True, OLD_CHUNK, False),
+    "store, draft vocab, bf16, local, small chunks": (True, True, "local", True, None, False),
+    "new: store, draft vocab, bf16, local, small chunks, fused AdamW": (True, True, "local", True, None, True),
 }
 
 
-def step(drafter, optimizer, target, row, anchors, stored, bf16, attention):
+def step(drafter, optimizer, target, row, anchors, stored, bf16, attention, chunk):
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         if stored:
@@ -45,7 +50,7 @@ def step(drafter, optimizer, target, row, anchors, stored, bf16, attention):
                                                with_labels=True)
             labels = labels[0]
         loss, stats = dflash_block_loss(drafter, target, row.input_ids, row.loss_mask, anchors, features=features,
-                                        label_ids=labels, attention=attention)
+                                        label_ids=labels, attention=attention, logits_chunk=chunk)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -74,19 +79,19 @@ def main(argv=None):
     vocab = draft_vocabulary(label_counts([rows[i] for i in range(len(rows))], target.config.vocab_size, "target"),
                              args.draft_vocab_size)
     models = {}
-    for name, (_, _, _, draft) in VARIANTS.items():
+    for name, (_, _, _, draft, _, fused) in VARIANTS.items():
         drafter = copy.deepcopy(base)
         if draft:
             drafter.set_draft_vocabulary(vocab)
-        models[name] = (drafter, torch.optim.AdamW(drafter.parameters(), lr=1e-4))
+        models[name] = (drafter, torch.optim.AdamW(drafter.parameters(), lr=1e-4, fused=fused))
     seconds = {n: 0.0 for n in VARIANTS}
     slots = {n: 0 for n in VARIANTS}
     for i in range(args.rows + 1):
         row = store[args.first_row + i]
         anchors = sample_anchors(row.loss_mask, args.max_anchors, generator=torch.Generator().manual_seed(i))
-        for name, (stored, bf16, attention, _) in VARIANTS.items():
+        for name, (stored, bf16, attention, _, chunk, _) in VARIANTS.items():
             drafter, optimizer = models[name]
-            dt, n = step(drafter, optimizer, target, row, anchors, stored, bf16, attention)
+            dt, n = step(drafter, optimizer, target, row, anchors, stored, bf16, attention, chunk)
             if i:  # row 0 warms up
                 seconds[name] += dt
                 slots[name] += n

@@ -126,8 +126,17 @@ def test_store_missing_layers_is_a_clear_error(target, tmp_path):
         FeatureStore(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("block_size", [4, 8])
-def test_block_local_mask_equals_dense_rule(target, block_size):
+def test_block_local_mask_equals_dense_rule(target, block_size, grouped, monkeypatch):
+    """Also with the blocks attended in groups (the CPU's small-buffer path, forced here by a tiny budget)."""
+    from dflash_retrace.training import objective
+
+    groups = []
+    attend_blocks = objective._attend_blocks
+    monkeypatch.setattr(objective, "_attend_blocks", lambda *a: groups.append(a[0].shape[1]) or attend_blocks(*a))
+    if grouped:
+        monkeypatch.setattr(objective, "CPU_LOGITS_BYTES", 1)  # one block per group
     torch.manual_seed(0)
     drafter = DFlashDrafter.from_target(target, num_hidden_layers=2, block_size=block_size, target_layer_ids=[0, 2])
     T = 23
@@ -144,6 +153,7 @@ def test_block_local_mask_equals_dense_rule(target, block_size):
     g_dense, = torch.autograd.grad(dense.square().sum(), noise)
     g_local, = torch.autograd.grad(local.square().sum(), noise)
     torch.testing.assert_close(g_local, g_dense, rtol=1e-4, atol=1e-5)
+    assert groups == ([1] * 5 if grouped else [5]) * 2  # per drafter layer: five groups of one block, or one of five
 
 
 def test_greedy_chain_mask_cuts_blocks_at_the_first_disagreement():

@@ -160,8 +160,27 @@ def _assert_same_loss_stats_and_grads(target, rows, options):
     return drafter, ids, mask, anchors
 
 
-def test_chunked_lm_head_gives_the_same_loss_and_gradients(target, rows):
-    _assert_same_loss_stats_and_grads(target, rows, [{"logits_chunk": 4096}, {"logits_chunk": 5}])
+@pytest.mark.parametrize("recompute_above", [4096, 3])
+def test_chunked_lm_head_gives_the_same_loss_and_gradients(target, rows, monkeypatch, recompute_above):
+    """Chunks of 5 slots equal one chunk, with the chunks kept for backward and with them recomputed (above
+    `LOGITS_CHUNK` slots in all; lowered here so a tiny row crosses it)."""
+    from dflash_retrace.training import objective
+
+    calls = []
+    checkpoint = objective.checkpoint
+    monkeypatch.setattr(objective, "LOGITS_CHUNK", recompute_above)
+    monkeypatch.setattr(objective, "checkpoint", lambda *a, **k: calls.append(1) or checkpoint(*a, **k))
+    _assert_same_loss_stats_and_grads(target, rows, [{"logits_chunk": 100_000}, {"logits_chunk": 5}])
+    assert bool(calls) == (recompute_above == 3)
+
+
+def test_logits_chunk_size_keeps_cpu_buffers_small():
+    from dflash_retrace.training.objective import CPU_LOGITS_BYTES, LOGITS_CHUNK, logits_chunk_size
+
+    assert logits_chunk_size("cpu", 8192) == 512  # the shipped draft vocabulary: 16 MiB of fp32 logits
+    assert logits_chunk_size("cpu", 49152) * 49152 * 4 <= CPU_LOGITS_BYTES
+    assert logits_chunk_size(torch.device("cpu"), 10 ** 7) == 64  # never below 64 slots
+    assert logits_chunk_size("cuda", 8192) == LOGITS_CHUNK
 
 
 def test_data_vocabulary_loss_is_the_softmax_over_those_rows(target, rows):

@@ -26,7 +26,8 @@ from ..modeling_dflash import context_features
 from .target_kv import cached_kv
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
-LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk: bounds the (slots, vocab) logits kept for backward
+LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk on accelerators; above it the chunks are recomputed in backward
+CPU_LOGITS_BYTES = 16 << 20  # on the CPU a chunk's fp32 logits stay under this (see `logits_chunk_size`)
 
 
 def default_gamma(block_size: int) -> float:
@@ -138,25 +139,48 @@ class BlockLocalMask:
     block_size: int
 
     def attend(self, query, key, value, scaling, num_key_value_groups, dropout=0.0):
-        """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d), the T context keys first -> (b, N*B, h, d)."""
-        bsz, heads, q_len, dim = query.shape
+        """query (b, h, N*B, d); key/value (b, kvh, T + N*B, d), the T context keys first -> (b, N*B, h, d).
+
+        On the CPU the blocks go through in groups whose fp32 scores stay under `CPU_LOGITS_BYTES` (the same rows,
+        so the same output; see `logits_chunk_size` for why buffers are kept small there)."""
+        bsz, heads, q_len, _ = query.shape
         B = self.block_size
         N, T = q_len // B, key.shape[2] - q_len
-        key = key.repeat_interleave(num_key_value_groups, dim=1)
-        value = value.repeat_interleave(num_key_value_groups, dim=1)
-        ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
-        limit = self.anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
-        hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
-        ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
-        q_blocks = query.reshape(bsz, heads, N, B, dim)
-        k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
-        own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
-        probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
-        probs = F.dropout(probs, p=dropout)
-        own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B),
-                           value[:, :, T:].reshape(bsz, heads, N, B, dim))  # (b, h, N, B, d)
-        out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
-        return out.transpose(1, 2)
+        group = N
+        if query.device.type == "cpu":
+            group = max(1, CPU_LOGITS_BYTES // (4 * bsz * heads * B * (T + B)))
+        if group >= N:
+            return _attend_blocks(self.anchors, B, query, key, value, scaling, num_key_value_groups, dropout)
+        outs = []
+        for start in range(0, N, group):
+            stop = min(N, start + group)
+            own = slice(T + start * B, T + stop * B)
+            key_part = torch.cat([key[:, :, :T], key[:, :, own]], dim=2)
+            value_part = torch.cat([value[:, :, :T], value[:, :, own]], dim=2)
+            outs.append(_attend_blocks(self.anchors[:, start:stop], B, query[:, :, start * B: stop * B], key_part,
+                                       value_part, scaling, num_key_value_groups, dropout))
+        return torch.cat(outs, dim=1)
+
+
+def _attend_blocks(anchors, B, query, key, value, scaling, num_key_value_groups, dropout):
+    """`BlockLocalMask.attend` on one group of blocks, anchors (b, N)."""
+    bsz, heads, q_len, dim = query.shape
+    N, T = q_len // B, key.shape[2] - q_len
+    key = key.repeat_interleave(num_key_value_groups, dim=1)
+    value = value.repeat_interleave(num_key_value_groups, dim=1)
+    ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
+    limit = anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
+    hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
+    ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
+    q_blocks = query.reshape(bsz, heads, N, B, dim)
+    k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
+    own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
+    probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = F.dropout(probs, p=dropout)
+    own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B),
+                       value[:, :, T:].reshape(bsz, heads, N, B, dim))  # (b, h, N, B, d)
+    out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
+    return out.transpose(1, 2)
 
 
 def slot_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -325,7 +349,7 @@ def vocab_rows(examples_ids, extra=()) -> torch.Tensor:
 
 
 def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None, features=None, retrace_memory=None,
-                      attention="dense", logits_chunk=LOGITS_CHUNK, vocab=None, label_ids=None, chain=False,
+                      attention="dense", logits_chunk=None, vocab=None, label_ids=None, chain=False,
                       loss="dflash", target_kv=None, soft_targets=None, distill=0.0):
     """Decay-weighted CE of the blocks of one sequence (input_ids/loss_mask (T,), anchors (N,)) or of a batch
     (b, T) with anchors (b, N) padded with -1. Normalised by the total weight of the valid slots.
@@ -342,8 +366,8 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     (1 - distill) * CE(label) + distill * CE(their softmax over the ids inside the head's vocabulary).
 
     Returns (loss, stats) where stats holds per-slot `correct` / `counted` tensors (B,) for accuracy.
-    The LM head runs in chunks of `logits_chunk` slots, recomputed in backward, so the (slots, vocab)
-    logits never all live at once.
+    The LM head runs in chunks of `logits_chunk` slots (None: `logits_chunk_size`), recomputed in backward above
+    `LOGITS_CHUNK` slots in all, so the (slots, vocab) logits never all live at once.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
@@ -389,6 +413,9 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         else:
             lm_head = _RowsHead(lm_head, vocab)
     soft = None if soft_ids is None else (soft_ids, soft_logits, distill)
+    if logits_chunk is None:
+        width = vocab.numel() if vocab is not None else lm_head.weight.shape[0]
+        logits_chunk = logits_chunk_size(device, width)
     ce, pred = _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft)
     if vocab is not None:
         pred, labels = vocab[pred], labels_full
@@ -404,14 +431,29 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
     return loss, _slot_stats(correct, hits, label_valid, slot, B)
 
 
+def logits_chunk_size(device, width: int) -> int:
+    """Supervised slots per LM-head call for a head `width` rows wide: `LOGITS_CHUNK` on accelerators; on the CPU as
+    many as keep the chunk's fp32 logits under `CPU_LOGITS_BYTES` (512 slots for a draft vocabulary of 8,192).
+
+    On the CPU every buffer above glibc's mmap threshold (32 MiB at most) is mapped afresh and faulted in page by page
+    on each allocation; in the VMs we train on that made the softmax of 4,096 x 8,192 logits and its backward take more
+    than half of a training step (`results/training_profile/`)."""
+    if torch.device(device).type != "cpu":
+        return LOGITS_CHUNK
+    return max(64, CPU_LOGITS_BYTES // (4 * max(1, int(width))))
+
+
 def _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft=None) -> tuple:
-    """(per-slot CE, argmax) through the LM head in chunks of `logits_chunk` slots, each recomputed in backward, so
-    the (slots, vocab) logits never all live at once. `soft`: (ids, logits, distill) for `_ce_and_argmax`."""
+    """(per-slot CE, argmax) through the LM head in chunks of `logits_chunk` slots. Above `LOGITS_CHUNK` slots in all,
+    each chunk is recomputed in backward, so the (slots, vocab) logits never all live at once; below, the chunks keep
+    their activations (a chunk size smaller than that only keeps each buffer small). `soft`: (ids, logits, distill)
+    for `_ce_and_argmax`."""
     ce_parts, pred_parts = [], []
+    recompute = hidden.shape[0] > LOGITS_CHUNK and torch.is_grad_enabled()
     for start in range(0, max(1, hidden.shape[0]), logits_chunk):
         part = slice(start, start + logits_chunk)
         extra = () if soft is None else (soft[0][part], soft[1][part], soft[2])
-        if hidden.shape[0] > logits_chunk and torch.is_grad_enabled():
+        if recompute:
             ce, pred = checkpoint(_ce_and_argmax, hidden[part], labels[part], core, lm_head, *extra,
                                   use_reentrant=False)
         else:
