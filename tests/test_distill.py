@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter
-from dflash_retrace.training import TrainConfig, train_drafter
+from dflash_retrace.training import TrainConfig, objective, train_drafter
 from dflash_retrace.training.data import Example
 from dflash_retrace.training.features import FeatureStore, StoredRows, build_feature_store, stored_soft_targets
 from dflash_retrace.training.objective import dflash_block_loss, sample_anchors
@@ -111,7 +111,7 @@ def test_distill_errors(target, rows, tmp_path):
         train_drafter(target, None, None, tmp_path / "out", _config(bare, distill=0.5, max_steps=1))
 
 
-def test_chunked_head_gives_the_same_distilled_loss_and_gradients(target, store):
+def test_chunked_head_gives_the_same_distilled_loss_and_gradients(target, store, monkeypatch):
     torch.manual_seed(0)
     drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3])
     items = _items(store, 2)
@@ -126,7 +126,8 @@ def test_chunked_head_gives_the_same_distilled_loss_and_gradients(target, store)
         ids[b, :n], mask[b, :n], labels[b, :n], feats[b, :n] = ref.input_ids, ref.loss_mask, ref.labels, ref.features
     anchors = torch.stack([sample_anchors(mask[b], 6, torch.Generator().manual_seed(b)) for b in range(2)])
     results = []
-    for chunk in (4096, 7):
+    for chunk, recompute_above in ((4096, 4096), (7, 3)):  # one chunk; chunks of 7 recomputed in backward
+        monkeypatch.setattr(objective, "LOGITS_CHUNK", recompute_above)
         drafter.zero_grad()
         loss, _ = dflash_block_loss(drafter, target, ids, mask, anchors, features=feats, label_ids=labels,
                                     soft_targets=soft, distill=0.7, logits_chunk=chunk)

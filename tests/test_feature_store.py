@@ -126,25 +126,28 @@ def test_store_missing_layers_is_a_clear_error(target, tmp_path):
         FeatureStore(tmp_path / "nothing")
 
 
-@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("group", [None, 1, 2])
 @pytest.mark.parametrize("block_size", [4, 8])
-def test_block_local_mask_equals_dense_rule(target, block_size, grouped, monkeypatch):
-    """Also with the blocks attended in groups (the CPU's small-buffer path, forced here by a tiny budget)."""
+def test_block_local_mask_equals_dense_rule(target, block_size, group, monkeypatch):
+    """A batch of two rows with different padding; also with the blocks attended in groups of one or two (the CPU's
+    small-buffer path, forced here by a tiny budget; groups of two leave a ragged last group of one)."""
     from dflash_retrace.training import objective
 
     groups = []
     attend_blocks = objective._attend_blocks
     monkeypatch.setattr(objective, "_attend_blocks", lambda *a: groups.append(a[0].shape[1]) or attend_blocks(*a))
-    if grouped:
-        monkeypatch.setattr(objective, "CPU_LOGITS_BYTES", 1)  # one block per group
     torch.manual_seed(0)
     drafter = DFlashDrafter.from_target(target, num_hidden_layers=2, block_size=block_size, target_layer_ids=[0, 2])
     T = 23
-    anchors = torch.tensor([[2, 5, 11, 20, -1]])
+    anchors = torch.tensor([[2, 5, 11, 20, -1], [3, 7, -1, -1, -1]])
+    if group is not None:  # fp32 scores of one block of both rows: 4 bytes x 2 rows x heads x B x (T + B)
+        per_block = 4 * 2 * drafter.config.num_attention_heads * block_size * (T + block_size)
+        monkeypatch.setattr(objective, "CPU_LOGITS_BYTES", group * per_block)
     n = anchors.shape[1] * block_size
-    noise = torch.randn(1, n, 64, requires_grad=True)
-    context = torch.randn(1, T, 128)
-    pos = torch.cat([torch.arange(T), (anchors.clamp_min(0)[0, :, None] + torch.arange(block_size)).reshape(-1)])[None]
+    noise = torch.randn(2, n, 64, requires_grad=True)
+    context = torch.randn(2, T, 128)
+    own = anchors.clamp_min(0)[:, :, None] + torch.arange(block_size)
+    pos = torch.cat([torch.arange(T).expand(2, -1), own.reshape(2, -1)], dim=1)
     dense = drafter(noise_embeds=noise, context_hidden_states=context, position_ids=pos,
                     attention_mask=block_attention_mask(T, anchors, block_size)).last_hidden_state
     local = drafter(noise_embeds=noise, context_hidden_states=context, position_ids=pos,
@@ -153,7 +156,8 @@ def test_block_local_mask_equals_dense_rule(target, block_size, grouped, monkeyp
     g_dense, = torch.autograd.grad(dense.square().sum(), noise)
     g_local, = torch.autograd.grad(local.square().sum(), noise)
     torch.testing.assert_close(g_local, g_dense, rtol=1e-4, atol=1e-5)
-    assert groups == ([1] * 5 if grouped else [5]) * 2  # per drafter layer: five groups of one block, or one of five
+    # per drafter layer: one group of five blocks, five of one, or two of two and a ragged one
+    assert groups == {None: [5], 1: [1] * 5, 2: [2, 2, 1]}[group] * 2
 
 
 def test_greedy_chain_mask_cuts_blocks_at_the_first_disagreement():

@@ -174,6 +174,26 @@ def test_chunked_lm_head_gives_the_same_loss_and_gradients(target, rows, monkeyp
     assert bool(calls) == (recompute_above == 3)
 
 
+def test_default_logits_chunk_is_sized_by_the_head_it_runs(target, rows, monkeypatch):
+    """logits_chunk=None sizes the chunk by the width of the head the loss runs over: the full head, a loss
+    vocabulary, or the drafter's draft vocabulary."""
+    from dflash_retrace.training import objective
+
+    widths = []
+    size = objective.logits_chunk_size
+    monkeypatch.setattr(objective, "logits_chunk_size", lambda device, w: widths.append(w) or size(device, w))
+    torch.manual_seed(2)
+    drafter = DFlashDrafter.from_target(target, num_hidden_layers=1, block_size=BLOCK)
+    ids, mask = torch.tensor(rows[0]["input_ids"]), torch.tensor(rows[0]["loss_mask"]).bool()
+    anchors = torch.tensor([5, 12, 20, 30])
+    vocab = vocab_rows([torch.tensor(r["input_ids"]) for r in rows])
+    dflash_block_loss(drafter, target, ids, mask, anchors)
+    dflash_block_loss(drafter, target, ids, mask, anchors, vocab=vocab)
+    drafter.set_draft_vocabulary(vocab[:40])
+    dflash_block_loss(drafter, target, ids, mask, anchors)
+    assert widths == [target.get_output_embeddings().weight.shape[0], vocab.numel(), 40]
+
+
 def test_logits_chunk_size_keeps_cpu_buffers_small():
     from dflash_retrace.training.objective import CPU_LOGITS_BYTES, LOGITS_CHUNK, logits_chunk_size
 

@@ -26,7 +26,7 @@ from ..modeling_dflash import context_features
 from .target_kv import cached_kv
 
 DEFAULT_GAMMA = {16: 7.0, 8: 4.0}
-LOGITS_CHUNK = 4096  # supervised slots per LM-head chunk on accelerators; above it the chunks are recomputed in backward
+LOGITS_CHUNK = 4096  # slots per LM-head chunk on accelerators; above it the chunks are recomputed in backward
 CPU_LOGITS_BYTES = 16 << 20  # on the CPU a chunk's fp32 logits stay under this (see `logits_chunk_size`)
 
 
@@ -413,9 +413,6 @@ def dflash_block_loss(drafter, target, input_ids, loss_mask, anchors, gamma=None
         else:
             lm_head = _RowsHead(lm_head, vocab)
     soft = None if soft_ids is None else (soft_ids, soft_logits, distill)
-    if logits_chunk is None:
-        width = vocab.numel() if vocab is not None else lm_head.weight.shape[0]
-        logits_chunk = logits_chunk_size(device, width)
     ce, pred = _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft)
     if vocab is not None:
         pred, labels = vocab[pred], labels_full
@@ -444,10 +441,13 @@ def logits_chunk_size(device, width: int) -> int:
 
 
 def _chunked_ce(hidden, labels, core, lm_head, logits_chunk, soft=None) -> tuple:
-    """(per-slot CE, argmax) through the LM head in chunks of `logits_chunk` slots. Above `LOGITS_CHUNK` slots in all,
-    each chunk is recomputed in backward, so the (slots, vocab) logits never all live at once; below, the chunks keep
-    their activations (a chunk size smaller than that only keeps each buffer small). `soft`: (ids, logits, distill)
-    for `_ce_and_argmax`."""
+    """(per-slot CE, argmax) through the LM head in chunks of `logits_chunk` slots (None: `logits_chunk_size`).
+    Above `LOGITS_CHUNK` slots in all, each chunk is recomputed in backward, so the (slots, vocab) logits never all live
+    at once; below, the chunks keep their activations (a chunk size smaller than that only keeps each buffer small).
+    `soft`: (ids, logits, distill) for `_ce_and_argmax`."""
+    if logits_chunk is None:  # sized by the width of the head the logits come from
+        draft = core.draft_to_target
+        logits_chunk = logits_chunk_size(hidden.device, lm_head.weight.shape[0] if draft is None else draft.numel())
     ce_parts, pred_parts = [], []
     recompute = hidden.shape[0] > LOGITS_CHUNK and torch.is_grad_enabled()
     for start in range(0, max(1, hidden.shape[0]), logits_chunk):
