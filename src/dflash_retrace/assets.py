@@ -12,6 +12,7 @@ Layout of the cache (``DFLASH_RETRACE_CACHE`` overrides the root)::
 
     <root>/models/<name>/           converted checkpoint + asset.json
     <root>/models/.work-<name>-*/   scratch space while fetching (removed afterwards)
+    <root>/models/.<name>.lock      held while one process fetches; others wait, then use its folder
     <root>/datasets/                prompt-set files (see dflash_retrace.prompts)
 
 The assembled GGUF is only kept in the scratch folder and deleted after conversion.
@@ -19,6 +20,7 @@ The assembled GGUF is only kept in the scratch folder and deleted after conversi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -272,6 +274,37 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, progress:
         return final
 
     models_dir.mkdir(parents=True, exist_ok=True)
+    with _fetch_lock(models_dir, name, progress):
+        if _is_cached(final, spec):  # another process fetched it while this one waited
+            return final
+        _fetch_unlocked(name, spec, models_dir, final, progress)
+    return final
+
+
+@contextlib.contextmanager
+def _fetch_lock(models_dir: Path, name: str, progress: bool):
+    """Hold ``models_dir/.<name>.lock``: of processes that fetch one model at once, one converts, the rest wait.
+
+    Without the lock a second process would delete the first one's finished folder while the first reads it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; the cache check after each conversion keeps the first finished folder
+        yield
+        return
+    with open(models_dir / f".{name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"another process is fetching {name}; waiting for it to finish", progress)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_unlocked(name: str, spec: ModelSpec, models_dir: Path, final: Path, progress: bool) -> None:
     start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=f".work-{name}-", dir=models_dir))
     try:
@@ -300,13 +333,13 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, progress:
                     f"but not bit-identical to the original {spec.hub_id} release.",
         }
         (checkpoint / "asset.json").write_text(json.dumps(info, indent=2) + "\n")
-        if final.exists():  # a stale or partial folder from an older run
-            shutil.rmtree(final)
-        checkpoint.rename(final)
+        if not _is_cached(final, spec):  # else another process (no lock on this OS) finished first: keep its folder
+            if final.exists():  # a stale or partial folder from an older run
+                shutil.rmtree(final)
+            checkpoint.rename(final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _say(f"{name} ready at {final} ({time.perf_counter() - start:.0f} s)", progress)
-    return final
 
 
 def asset_note(folder: str | os.PathLike) -> str | None:

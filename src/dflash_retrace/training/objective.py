@@ -149,37 +149,36 @@ class BlockLocalMask:
         group = N
         if query.device.type == "cpu":
             group = max(1, CPU_LOGITS_BYTES // (4 * bsz * heads * B * (T + B)))
-        if group >= N:
-            return _attend_blocks(self.anchors, B, query, key, value, scaling, num_key_value_groups, dropout)
+        key = key.repeat_interleave(num_key_value_groups, dim=1)  # once, not once per group
+        value = value.repeat_interleave(num_key_value_groups, dim=1)
+        context = (key[:, :, :T], value[:, :, :T])
         outs = []
         for start in range(0, N, group):
             stop = min(N, start + group)
             own = slice(T + start * B, T + stop * B)
-            key_part = torch.cat([key[:, :, :T], key[:, :, own]], dim=2)
-            value_part = torch.cat([value[:, :, :T], value[:, :, own]], dim=2)
-            outs.append(_attend_blocks(self.anchors[:, start:stop], B, query[:, :, start * B: stop * B], key_part,
-                                       value_part, scaling, num_key_value_groups, dropout))
-        return torch.cat(outs, dim=1)
+            outs.append(_attend_blocks(self.anchors[:, start:stop], B, query[:, :, start * B: stop * B], context,
+                                       (key[:, :, own], value[:, :, own]), scaling, dropout))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _attend_blocks(anchors, B, query, key, value, scaling, num_key_value_groups, dropout):
-    """`BlockLocalMask.attend` on one group of blocks, anchors (b, N)."""
+def _attend_blocks(anchors, B, query, context, own_kv, scaling, dropout):
+    """`BlockLocalMask.attend` on one group of N blocks: anchors (b, N), query (b, h, N*B, d), the context's keys and
+    values (b, h, T, d) each and the group's own (b, h, N*B, d) each, heads already expanded -> (b, N*B, h, d)."""
     bsz, heads, q_len, dim = query.shape
-    N, T = q_len // B, key.shape[2] - q_len
-    key = key.repeat_interleave(num_key_value_groups, dim=1)
-    value = value.repeat_interleave(num_key_value_groups, dim=1)
-    ctx_scores = torch.matmul(query, key[:, :, :T].transpose(2, 3)) * scaling  # (b, h, N*B, T)
+    (ctx_key, ctx_value), (own_key, own_value) = context, own_kv
+    N, T = q_len // B, ctx_key.shape[2]
+    ctx_scores = torch.matmul(query, ctx_key.transpose(2, 3)) * scaling  # (b, h, N*B, T)
     limit = anchors.to(query.device).clamp_min(0).repeat_interleave(B, dim=1)  # (b, N*B)
     hidden = torch.arange(T, device=query.device)[None, None, :] >= limit[:, :, None]  # (b, N*B, T)
     ctx_scores = ctx_scores.masked_fill(hidden[:, None], torch.finfo(ctx_scores.dtype).min)
     q_blocks = query.reshape(bsz, heads, N, B, dim)
-    k_blocks = key[:, :, T:].reshape(bsz, heads, N, B, dim)
+    k_blocks = own_key.reshape(bsz, heads, N, B, dim)
     own_scores = torch.matmul(q_blocks, k_blocks.transpose(3, 4)).reshape(bsz, heads, q_len, B) * scaling
     probs = F.softmax(torch.cat([ctx_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32).to(query.dtype)
     probs = F.dropout(probs, p=dropout)
     own = torch.matmul(probs[..., T:].reshape(bsz, heads, N, B, B),
-                       value[:, :, T:].reshape(bsz, heads, N, B, dim))  # (b, h, N, B, d)
-    out = torch.matmul(probs[..., :T], value[:, :, :T]) + own.reshape(bsz, heads, q_len, dim)
+                       own_value.reshape(bsz, heads, N, B, dim))  # (b, h, N, B, d)
+    out = torch.matmul(probs[..., :T], ctx_value) + own.reshape(bsz, heads, q_len, dim)
     return out.transpose(1, 2)
 
 
