@@ -126,12 +126,16 @@ def test_store_missing_layers_is_a_clear_error(target, tmp_path):
         FeatureStore(tmp_path / "nothing")
 
 
-@pytest.mark.parametrize("group", [None, 1, 2])
+@pytest.mark.parametrize("group", [None, 1, 2, "compiling"])
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_block_local_mask_equals_dense_rule(target, block_size, group, monkeypatch):
     """A batch of two rows with different padding; also with the blocks attended in groups of one or two (the CPU's
-    small-buffer path, forced here by a tiny budget; groups of two leave a ragged last group of one)."""
+    small-buffer path, forced here by a tiny budget; groups of two leave a ragged last group of one), and under
+    `torch.compile` (told by `is_compiling`), where the same tiny budget still gives one group (no shape guards)."""
     from dflash_retrace.training import objective
+
+    if group == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
 
     groups = []
     attend_blocks = objective._attend_blocks
@@ -142,7 +146,7 @@ def test_block_local_mask_equals_dense_rule(target, block_size, group, monkeypat
     anchors = torch.tensor([[2, 5, 11, 20, -1], [3, 7, -1, -1, -1]])
     if group is not None:  # fp32 scores of one block of both rows: 4 bytes x 2 rows x heads x B x (T + B)
         per_block = 4 * 2 * drafter.config.num_attention_heads * block_size * (T + block_size)
-        monkeypatch.setattr(objective, "CPU_LOGITS_BYTES", group * per_block)
+        monkeypatch.setattr(objective, "CPU_LOGITS_BYTES", (1 if group == "compiling" else group) * per_block)
     n = anchors.shape[1] * block_size
     noise = torch.randn(2, n, 64, requires_grad=True)
     context = torch.randn(2, T, 128)
@@ -157,7 +161,7 @@ def test_block_local_mask_equals_dense_rule(target, block_size, group, monkeypat
     g_local, = torch.autograd.grad(local.square().sum(), noise)
     torch.testing.assert_close(g_local, g_dense, rtol=1e-4, atol=1e-5)
     # per drafter layer: one group of five blocks, five of one, or two of two and a ragged one
-    assert groups == {None: [5], 1: [1] * 5, 2: [2, 2, 1]}[group] * 2
+    assert groups == {None: [5], 1: [1] * 5, 2: [2, 2, 1], "compiling": [5]}[group] * 2
 
 
 def test_greedy_chain_mask_cuts_blocks_at_the_first_disagreement():

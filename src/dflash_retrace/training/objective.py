@@ -147,11 +147,13 @@ class BlockLocalMask:
         B = self.block_size
         N, T = q_len // B, key.shape[2] - q_len
         group = N
-        if query.device.type == "cpu":
+        if query.device.type == "cpu" and not torch.compiler.is_compiling():  # compiled: one group, no shape guards
             group = max(1, CPU_LOGITS_BYTES // (4 * bsz * heads * B * (T + B)))
         key = key.repeat_interleave(num_key_value_groups, dim=1)  # once, not once per group
         value = value.repeat_interleave(num_key_value_groups, dim=1)
         context = (key[:, :, :T], value[:, :, :T])
+        if group >= N:
+            return _attend_blocks(self.anchors, B, query, context, (key[:, :, T:], value[:, :, T:]), scaling, dropout)
         outs = []
         for start in range(0, N, group):
             stop = min(N, start + group)
