@@ -160,7 +160,7 @@ class BlockLocalMask:
             own = slice(T + start * B, T + stop * B)
             outs.append(_attend_blocks(self.anchors[:, start:stop], B, query[:, :, start * B: stop * B], context,
                                        (key[:, :, own], value[:, :, own]), scaling, dropout))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return torch.cat(outs, dim=1)  # two groups or more: one group returned above
 
 
 def _attend_blocks(anchors, B, query, context, own_kv, scaling, dropout):
