@@ -45,7 +45,7 @@ def _rotate_checkpoints(out_dir, keep):
 # the rows themselves are compared by hash (train_data.json).
 RESUME_KEYS = ("stage", "max_length", "chat_template", "enable_thinking", "labels", "eval_size", "seed", "batch_size",
                "grad_accum", "max_anchors", "block_size", "epochs", "max_steps", "lr", "warmup_ratio", "beta_warmup",
-               "rollout_temperature", "rollout_sampled_share")
+               "rollout_temperature", "rollout_sampled_share", "add_layers")
 
 
 def _check_and_record_run(cfg, data, examples, train_examples, held_out, target, tokenizer, out_dir, accelerator):

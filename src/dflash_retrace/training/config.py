@@ -46,6 +46,9 @@ class TrainConfig:
     init_layers: str = option("random", "fresh drafter: random, or target-top (its decoder layers start as copies "
                                         "of the target's last layers, its final norm as the target's)",
                               choices=list(INIT_LAYERS))
+    add_layers: int = option(0, "with --init: decoder layers added on top of that drafter, each starting as a copy of "
+                                "its top layer with the residual outputs zeroed (o_proj, down_proj), so training starts "
+                                "from the --init drafter exactly and opens the new layers")
     step_embeddings: bool = option(False, "add PAD-Rec step-position embeddings (zero-initialised, so an --init "
                                           "DFlash drafter starts unchanged) and train them with the drafter")
     context: str | None = option(None, "what the drafter's layers attend to (KVShot): hidden (DFlash), kv (the "
@@ -176,6 +179,11 @@ class TrainConfig:
         if self.init_layers != "random" and (self.init is not None or self.stage != "dflash"):
             raise ValueError("init_layers (--init-layers) initialises a fresh drafter; an --init drafter keeps its "
                              "weights: drop one of them.")
+        if self.add_layers and (self.init is None or self.stage != "dflash" or self.lora):
+            raise ValueError("add_layers (--add-layers) grows an --init drafter in a full DFlash-stage run: add --init "
+                             "DRAFTER, and drop --stage retrace / --lora (grow first, then train those).")
+        if self.add_layers < 0:
+            raise ValueError(f"add_layers (--add-layers) counts layers to add, got {self.add_layers}.")
         if self.eval_features and not self.features:
             raise ValueError("eval_features (--eval-features) is the held-out store of a --features run: add --features "
                              "STORE, or hold rows out of --data with --eval-size.")

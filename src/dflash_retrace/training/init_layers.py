@@ -1,4 +1,5 @@
-"""`--init-layers target-top`: a fresh drafter's decoder layers start as copies of the target's top layers.
+"""Layer initialisation: `--init-layers target-top` (a fresh drafter's decoder layers start as copies of the target's top
+layers) and `--add-layers N` (an --init drafter grows by N layers that start as the identity, `add_top_layers`).
 
 A DFlash layer is a target decoder layer whose keys and values also read the fused target context, so a target
 layer's attention and MLP weights fit it tensor for tensor when the drafter has the target's width and head
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["INIT_LAYERS", "copy_target_layers"]
+__all__ = ["INIT_LAYERS", "add_top_layers", "copy_target_layers"]
 
 INIT_LAYERS = ("random", "target-top")
 _REQUIRED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -61,3 +62,38 @@ def copy_target_layers(drafter, target) -> dict:
         drafter.norm.weight.copy_(norm.weight.to(drafter.norm.weight.dtype))
         copied += 1
     return {"target_layers": sources, "copied": copied, "kept": sorted(kept)}
+
+
+@torch.no_grad()
+def add_top_layers(drafter, n: int) -> int:
+    """Adds `n` decoder layers on top of `drafter`, in place; returns its new layer count.
+
+    Each new layer is a copy of the current top layer with its two residual outputs (attention `o_proj`, MLP
+    `down_proj`) set to zero: it adds nothing to the residual stream, so the grown drafter computes exactly what the
+    drafter computed, and training opens the layer through those two matrices (as ReTrace's gated residual opens).
+    Only a plain DFlash drafter grows: per-layer KVShot ids, layer-wise fusion mixes and a ReTrace conditioner were
+    trained for the layers they have."""
+    from ..layers_dflash import DFlashDecoderLayer
+
+    cfg = drafter.config
+    reasons = [why for bad, why in ((cfg.context != "hidden", f"its context is {cfg.context!r} (per-layer target KV)"),
+                                    (drafter.fusion is not None, "it has layer-wise fusion weights (one mix per layer)"),
+                                    (drafter.retrace is not None, "it has a ReTrace conditioner")) if bad]
+    if reasons:
+        raise ValueError(f"--add-layers grows a plain DFlash drafter, and this one cannot grow: {'; '.join(reasons)}. "
+                         "Grow its DFlash backbone first, then add the option.")
+    if n < 1:
+        raise ValueError(f"--add-layers adds at least one layer, got {n}.")
+    top = drafter.layers[-1]
+    param = next(top.parameters())
+    for _ in range(n):
+        layer = DFlashDecoderLayer(cfg, len(drafter.layers)).to(device=param.device, dtype=param.dtype)
+        layer.load_state_dict(top.state_dict())
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        for module in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            if module.bias is not None:
+                module.bias.zero_()
+        drafter.layers.append(layer)
+    cfg.num_hidden_layers = len(drafter.layers)
+    return cfg.num_hidden_layers

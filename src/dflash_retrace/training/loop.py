@@ -51,7 +51,7 @@ from .checkpoints import _check_and_record_run, _save_checkpoint, latest_checkpo
 from .data import collate, epoch_batches, label_counts, load_rows, split_held_out, tokenize_rows
 from .held_out import HELD_OUT_SEED, evaluate_slots, held_out_metrics
 from .features import StoredRows, held_out_rows, open_stores, stored_features, stored_soft_targets
-from .init_layers import copy_target_layers
+from .init_layers import add_top_layers, copy_target_layers
 from .objective import (cosine_lr, dflash_block_loss, draft_vocabulary, drafter_core, sample_anchors,
                         target_features, vocab_rows)
 from .rollouts import RolloutStore, rollouts
@@ -124,6 +124,10 @@ def _build_drafter(target, cfg, drafter):
                                                                              if cfg.context == "hybrid" else ""))
         drafter.set_context(cfg.context, cfg.kv_layer_ids)
     _set_fusion(drafter, cfg)
+    if cfg.add_layers:
+        have = drafter.config.num_hidden_layers
+        print(f"[train] {have} -> {add_top_layers(drafter, cfg.add_layers)} decoder layers (the new ones start as the "
+              "identity: the --init drafter's function exactly)")
     drafter.check_target(target)
     if cfg.stage == "retrace":
         drafter.add_retrace()
