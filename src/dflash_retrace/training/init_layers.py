@@ -89,11 +89,9 @@ def add_top_layers(drafter, n: int) -> int:
     for _ in range(n):
         layer = DFlashDecoderLayer(cfg, len(drafter.layers)).to(device=param.device, dtype=param.dtype)
         layer.load_state_dict(top.state_dict())
-        layer.self_attn.o_proj.weight.zero_()
-        layer.mlp.down_proj.weight.zero_()
-        for module in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            if module.bias is not None:
-                module.bias.zero_()
+        for output in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            for tensor in output.parameters():  # weight, and bias where it has one
+                tensor.zero_()
         drafter.layers.append(layer)
     cfg.num_hidden_layers = len(drafter.layers)
     return cfg.num_hidden_layers
