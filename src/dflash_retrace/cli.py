@@ -20,7 +20,7 @@ OFFLINE_HINT = ("offline: the Hugging Face Hub could not be reached. Check the n
 COMMAND_MODULES = (
     "dflash_retrace.demo",        # demo (the README's main job)
     "dflash_retrace.assets",      # fetch
-    "dflash_retrace.training",    # regenerate, train, corpus
+    "dflash_retrace.training",    # regenerate, train, features, corpus
     "dflash_retrace.evaluation",  # bench, gpu-check, replay
     "dflash_retrace.hub",         # export, push, templates, payload
 )

@@ -70,7 +70,7 @@ def register_cli(subparsers) -> None:
                         help="ours: transformers + trust_remote_code, keeps ReTrace (default). "
                              "zlab: z-lab's DFlash layout for vLLM/SGLang/dflash, drops ReTrace.")
     common.add_argument("--base-model", help="Hub id of the target, for the model card (default: from "
-                                             "training_summary.json).")
+                                             "summary.json or training_summary.json).")
     common.add_argument("--license", default="apache-2.0", help="Model card license; use the target's if it "
                                                                 "has its own (e.g. llama3.1).")
 

@@ -1,4 +1,4 @@
-"""The training commands: `regenerate`, `train` and `corpus`, their options generated from their config dataclasses."""
+"""The training commands: `regenerate`, `train`, `features` and `corpus`, their options generated from their config dataclasses."""
 
 import argparse
 import json
@@ -69,7 +69,7 @@ def _model_io(parser, data_help: str, out_help: str, dtype: str, data_required: 
     parser.add_argument("--target", required=True, help=TARGET_HELP)
     parser.add_argument("--data", required=data_required, default=None, help=data_help)
     parser.add_argument("--out", required=True, help=out_help)
-    parser.add_argument("--dtype", default=dtype, help=f"target dtype: {DTYPE_HELP}")
+    parser.add_argument("--dtype", default=dtype, help=f"target dtype (default {dtype}): {DTYPE_HELP}")
 
 
 def _run_features(args: argparse.Namespace) -> int:
