@@ -23,9 +23,9 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 # Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 1 thread:
-# - shipped now: 1.73 for the DFlash drafter (run 21) and 1.73 for its ReTrace stage, 52 rounds each; the WIP
-#   checkpoint (run 24, not shipped yet) 1.73 over 52 (run 17, never shipped, gave 1.72 over 53);
-# - shipped before: 1.70 / 1.70 for run 20 and its ReTrace stage, 1.75 / 1.72 for run 19 and its ReTrace stage, 1.65 / 1.62 for run 18 and its ReTrace stage, 1.72 / 1.69 for run 16 and its stage, 1.72 / 1.75
+# - shipped now: 1.73 for the DFlash drafter (run 24, also the WIP checkpoint) over 52 rounds and 1.70 for its
+#   ReTrace stage over 53 (run 17, never shipped, gave 1.72 over 53);
+# - shipped before: 1.73 / 1.73 for run 21 and its ReTrace stage, 1.70 / 1.70 for run 20 and its ReTrace stage, 1.75 / 1.72 for run 19 and its ReTrace stage, 1.65 / 1.62 for run 18 and its ReTrace stage, 1.72 / 1.69 for run 16 and its stage, 1.72 / 1.75
 #   for run 15 and its stage, 1.50 / 1.48 for run 8 and its stage, and 1.25 / 1.23 for the drafters shipped before
 #   issue 13 (model cards: the benchmarks).
 # Three short prompts do not rank runs 15 to 24 (the full sets do: results/wip_run16/ to results/wip_run24/). The floor

@@ -1,4 +1,4 @@
-"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 21 and its ReTrace stage).
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 24 and its ReTrace stage).
 
 Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
 or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
@@ -26,9 +26,9 @@ def main(out: str) -> None:
     manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
     manifest = {
         "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
-                       "DFlash drafter is the work-in-progress lineage's run 21 (runs 1-21, ~121.2M supervised "
-                       "slot-tokens; runs 8, 15, 16, 18, 19 and 20 were shipped before it), the ReTrace drafter its ReTrace "
-                       "stage",
+                       "DFlash drafter is the work-in-progress lineage's run 24 (runs 1-24, ~140.5M supervised "
+                       "slot-tokens; runs 8, 15, 16, 18, 19, 20 and 21 were shipped before it), the ReTrace drafter its "
+                       "ReTrace stage",
         "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
         "files": files,
         "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
@@ -61,10 +61,16 @@ def main(out: str) -> None:
                   "math answers of mix9 again: 9,866 answers, 0.97 epochs",
             "21": "regen-mix12-part00 (the thirteenth mix): 4,666 answers + run 20's 3,230 mix-11 answers and the 910 "
                   "math answers of mix9 again: 8,806 answers, 1.0 epoch",
+            "22": "run 21's 8,806 answers again (a second pass, seed 19): 1.0 epoch",
+            "23": "regen-mix13-part00 (the fourteenth mix): 3,313 answers + the 910 math answers of mix9 again: "
+                  "4,223 answers, 1.0 epoch",
+            "24": "regen-mix14-part00 (the fifteenth mix): 4,169 answers + the 910 math answers of mix9 again: "
+                  "5,079 answers, 1.0 epoch",
             "retrace": "608 answers of regen-mix10-part00 (the eleventh prompt mix, never trained on by any run; "
-                       "shuffled with seed 11, the first 608), prompts rolled out with run 21, backbone frozen "
+                       "shuffled with seed 11, the first 608), prompts rolled out with run 24, backbone frozen "
                        "(SOURCE=regen-mix10-part00 ROWS=608 results/ship13/retrace11.sh --freeze-backbone "
-                       "--max-steps 300); the stages of runs 18, 19 and 20 used the same 608 rows rolled out with their own backbones; the ReTrace "
+                       "--max-steps 300); the stages of runs 18 to 21 used the same 608 rows rolled out with their "
+                       "own backbones; the ReTrace "
                        "drafters shipped with runs 8, 15 and 16 used 248 answers of regen-mix2-part00, "
                        "regen-mix6-part00 and regen-mix8-part00",
         },
