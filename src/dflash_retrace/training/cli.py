@@ -1,4 +1,5 @@
-"""The training commands: `regenerate`, `train`, `features` and `corpus`, their options generated from their config dataclasses."""
+"""The training commands: `regenerate`, `train`, `features` and `corpus`, their options generated from their config
+dataclasses."""
 
 import argparse
 import json
