@@ -10,12 +10,11 @@ from dflash_retrace.evaluation.replay import paired_tau_ratio_interval
 
 
 def arm_ratio(path: str, num: str, den: str) -> dict:
-    report = json.load(open(path))
-    a = [p["drafters"][num]["acceptance_lengths"] for p in report["prompts"]]
-    b = [p["drafters"][den]["acceptance_lengths"] for p in report["prompts"]]
-    tau_a = sum(map(sum, a)) / sum(map(len, a))
-    tau_b = sum(map(sum, b)) / sum(map(len, b))
-    return {"report": path, num: tau_a, den: tau_b, "ratio": tau_a / tau_b, "ci95": paired_tau_ratio_interval(a, b)}
+    with open(path) as f:
+        report = json.load(f)
+    tau = {name: report["summary"]["methods"][name]["tau_pooled"] for name in (num, den)}
+    a, b = ([p["drafters"][name]["acceptance_lengths"] for p in report["prompts"]] for name in (num, den))
+    return {"report": path, **tau, "ratio": tau[num] / tau[den], "ci95": paired_tau_ratio_interval(a, b)}
 
 
 if __name__ == "__main__":
