@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dflash_retrace import DFlashDrafter
+from dflash_retrace.runtime import eos_token_ids
 from dflash_retrace.training import TrainConfig, train_drafter
 from dflash_retrace.training import loop as training_loop
 from dflash_retrace.training.data import Example, anchor_generator, split_held_out, tokenize_rows
@@ -180,6 +181,30 @@ def test_the_draft_vocabulary_counts_the_labels_trained_on(target, tmp_path):
     for r in rows:
         tokens += torch.bincount(torch.tensor(r["input_ids"])[6:], minlength=VOCAB)
     assert torch.equal(stored.draft_to_target, draft_vocabulary(tokens, 16))
+
+
+def test_an_init_drafter_grows_its_draft_vocabulary_and_never_loses_an_id(target, tmp_path):
+    rows = random_rows(6, length=40, high=13)
+    small = train_drafter(target, None, rows, tmp_path / "small", quick(draft_vocab_size=12, labels="target"))
+    counts = target_label_counts(target, rows)
+    grown = train_drafter(target, None, rows, tmp_path / "grown", quick(init=str(tmp_path / "small"), labels="target",
+                                                                         draft_vocab_size=20))
+    expected = draft_vocabulary(counts, 20, always=eos_token_ids(target), keep=small.draft_to_target)
+    assert torch.equal(grown.draft_to_target, expected) and grown.config.draft_vocab_size == 20
+    assert set(small.draft_to_target.tolist()) < set(grown.draft_to_target.tolist())
+    added = sorted(set(grown.draft_to_target.tolist()) - set(small.draft_to_target.tolist()))
+    outside = counts.clone()
+    outside[small.draft_to_target] = -1
+    assert sorted(counts[added].tolist()) == sorted(outside.sort(descending=True).values[:8].tolist())
+    assert DFlashDrafter.from_pretrained(tmp_path / "grown").config.draft_vocab_size == 20
+    # The same size is the drafter's own; a smaller one, or a change under LoRA, is refused with the way out.
+    same = train_drafter(target, None, rows, tmp_path / "same", quick(init=str(tmp_path / "grown"), draft_vocab_size=20))
+    assert torch.equal(same.draft_to_target, grown.draft_to_target)
+    with pytest.raises(ValueError, match=r"smaller than the --init drafter's draft vocabulary \(20 ids\).*Drop "):
+        train_drafter(target, None, rows, tmp_path / "shrunk", quick(init=str(tmp_path / "grown"), draft_vocab_size=16))
+    with pytest.raises(ValueError, match=r"--draft-vocab-size with --lora.*--init BASE --draft-vocab-size N"):
+        train_drafter(target, None, rows, tmp_path / "lora", quick(init=str(tmp_path / "grown"), draft_vocab_size=24,
+                                                                   lora=True, lora_r=4))
 
 
 def test_a_store_run_on_target_labels_builds_its_loss_vocabulary_from_them(target, tmp_path):

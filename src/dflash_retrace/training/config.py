@@ -87,10 +87,13 @@ class TrainConfig:
                                  "those labels, each block cut where the text leaves the target's greedy chain (so "
                                  "every label is what verification would accept)",
                          choices=["data", "target", "target-chain"])
-    draft_vocab_size: int | None = option(None, "fresh drafter: a draft vocabulary of this many target tokens (the "
-                                                "most frequent of the labels --labels trains on, in the training "
-                                                "split, EOS included); the drafter's head and training softmax "
-                                                "cover only those")
+    draft_vocab_size: int | None = option(None, "a draft vocabulary of this many target tokens (the most frequent "
+                                                "of the labels --labels trains on, in the training split, EOS "
+                                                "included); the drafter's head and training softmax cover only "
+                                                "those. With --init: grows that drafter's own draft vocabulary to "
+                                                "this size (its ids kept, the most frequent labels outside it "
+                                                "added), or gives a full-vocabulary drafter one; default: the "
+                                                "--init drafter's own")
     chat_template: bool = option(True, "render prompts with the tokenizer's chat template, as generation does")
     enable_thinking: bool = option(False, "pass enable_thinking=True to Qwen3-style templates")
     eval_size: float = option(0.05, "held-out rows: a fraction (< 1) or a count (>= 1), at most 256; rows with the "

@@ -265,19 +265,33 @@ def _examples(cfg, data, tokenizer, eos_ids) -> tuple:
 
 
 def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids, main: bool = True) -> dict:
-    """Gives a fresh drafter its draft vocabulary (`draft_vocab_size` most frequent labels of the training split, of
-    the kind trained on: `cfg.labels`); returns its coverage of the held-out labels (share it can propose)."""
+    """Gives the drafter the draft vocabulary `cfg.draft_vocab_size` asks for: a fresh (or full-vocabulary --init)
+    drafter the most frequent labels of the training split, of the kind trained on (`cfg.labels`); an --init drafter
+    with a smaller one that vocabulary grown by the most frequent labels outside it. Returns its coverage of the
+    held-out labels (share it can propose)."""
     core = drafter_core(model)
-    if cfg.draft_vocab_size is not None and core.draft_to_target is None:
-        if cfg.lora or cfg.init is not None:
-            raise ValueError("draft_vocab_size builds the head of a fresh drafter; an --init drafter keeps its own "
-                             "(drop --draft-vocab-size, or train a fresh drafter).")
+    current, size = core.draft_to_target, cfg.draft_vocab_size
+    if size is not None and (current is None or size != current.numel()):
+        if cfg.lora:
+            raise ValueError("--draft-vocab-size with --lora: the adapter trains on its base drafter's head and cannot "
+                             "change its vocabulary. Set the vocabulary in a full run first (train --init BASE "
+                             "--draft-vocab-size N --out NEW), then train the adapter on NEW.")
+        if current is not None and size < current.numel():
+            raise ValueError(f"--draft-vocab-size {size} is smaller than the --init drafter's draft vocabulary "
+                             f"({current.numel()} ids): a draft vocabulary only grows here (every id the drafter was "
+                             f"trained to propose stays). Drop --draft-vocab-size to keep its {current.numel()}, or "
+                             "ask for more.")
         vocab_rows_count = target.get_output_embeddings().weight.shape[0]
         if cfg.labels != "data" and not cfg.features and main:
             print(f"[train] draft vocabulary: labelling the {len(train_examples)} training rows with the target "
                   "(one forward each)")
         counts = label_counts(train_examples, vocab_rows_count, cfg.labels, target)
-        core.set_draft_vocabulary(draft_vocabulary(counts, cfg.draft_vocab_size, always=eos_ids))
+        ids = draft_vocabulary(counts, size, always=eos_ids, keep=None if current is None else current.cpu())
+        if main and current is not None:
+            before, after = (float(counts[v].sum() / counts.sum().clamp_min(1)) for v in (current.cpu(), ids))
+            print(f"[train] draft vocabulary grown from {current.numel():,} to {ids.numel():,} ids (the --init "
+                  f"drafter's own kept): it covers {after:.2%} of the training labels, against {before:.2%}")
+        core.set_draft_vocabulary(ids)
     if core.draft_to_target is None or not held_out:
         return {}
     counts = label_counts(held_out, target.get_output_embeddings().weight.shape[0], cfg.labels, target)
