@@ -12,7 +12,7 @@ from dflash_retrace import DFlashDrafter
 from dflash_retrace.evaluation.replay import (References, _CommittedCache, paired_tau_ratio_interval, replay_turn,
                                               target_forward)
 from test_bench import tiny_assets  # noqa: F401  (the bench tests' tiny chat target, drafter and prompts)
-from tiny import prompts
+from tiny import VOCAB, prompts
 
 
 def _real(target, drafter, prompt, new):
@@ -95,6 +95,48 @@ def test_replay_equals_generate_for_every_variant(qwen3_target, qwen3_drafter, t
         variant = _live(variant)
     for p in train_prompts[:3]:
         _check_same_rounds(qwen3_target, variant, p, 29)
+
+
+def test_replay_counts_what_the_draft_vocabulary_cannot_propose(qwen3_target, drafter, train_prompts):
+    emitted = set()
+    for p in train_prompts[:4]:
+        emitted |= set(_real(qwen3_target, drafter, p, 40)[0][1:])
+    dropped = sorted(emitted)[::3]  # a third of the tokens the target writes leave the draft vocabulary
+    drafter.set_draft_vocabulary([i for i in range(VOCAB) if i not in dropped])
+    ended = 0
+    for p in train_prompts[:4]:
+        new_ids = qwen3_target.generate(p, do_sample=False, max_new_tokens=40)[0, p.shape[1]:].tolist()
+        got = _check_same_rounds(qwen3_target, drafter, p, 40)
+        covered = range(1, 1 + sum(got["acceptance_lengths"]))  # a budget's last token can come from a plain step
+        outside = [i for i in covered if new_ids[i] in dropped]
+        bonus, pos = [], 1  # the round starting at new_ids[pos] with length L ends at new_ids[pos + L - 1]
+        for length, proposals in zip(got["acceptance_lengths"], got["num_proposals"]):
+            bonus.append((pos + length - 1, length - 1 < proposals))
+            pos += length
+        assert set(outside) <= {i for i, _ in bonus}  # the drafter never proposed them: each is a round's last token
+        rounds = sum(cut and new_ids[i] in dropped for i, cut in bonus)
+        assert got["outside_vocab"] == {"tokens": len(outside), "rounds": rounds}
+        ended += rounds
+    assert ended > 0
+
+
+def test_the_summary_reports_the_draft_vocabulary_shares():
+    from dflash_retrace.evaluation.replay import _summary, format_replay
+
+    def row(lengths, outside):
+        return {"drafters": {"main": {"acceptance_lengths": lengths, "num_proposals": [7] * len(lengths),
+                                      "drafter_s": 0.0, "outside_vocab": outside},
+                             "full": {"acceptance_lengths": lengths, "num_proposals": [7] * len(lengths),
+                                      "drafter_s": 0.0, "outside_vocab": None}}}
+    summary = _summary([row([3, 1, 4], {"tokens": 2, "rounds": 1}), row([2, 2], {"tokens": 1, "rounds": 1})],
+                       ["main", "full"], {"main": 8, "full": 8})
+    assert summary["methods"]["main"]["outside_draft_vocab"] == {"tokens": 3, "token_share": 3 / 12, "rounds": 2,
+                                                                 "round_share": 2 / 5}
+    assert summary["methods"]["full"]["outside_draft_vocab"] is None
+    summary["references"] = {"computed": 0, "reused": 2, "turns": 2, "turns_cut_at_near_tie": 0}
+    config = {"dataset": "d", "max_new_tokens": 8, "target": "t", "drafters": {"main": "a", "full": "b"}}
+    text = format_replay({"summary": summary, "config": config})
+    assert text.endswith("cannot propose: main 25.0% of the tokens, 40.0% of the rounds end at one")
 
 
 def test_committed_cache_is_the_generate_cache(qwen3_target, train_prompts):

@@ -104,7 +104,9 @@ def _check_replayable(drafter, label: str) -> None:
 def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new_tokens: int, forward=None) -> dict:
     """Replays greedy `generate(input_ids, assistant_model=drafter, max_new_tokens=...)` on the target's own output
     `new_ids` (plain greedy generate() of the same call). Returns {"acceptance_lengths", "num_proposals", "drafts",
-    "drafter_s", "replayed_tokens", "cut_at"}, the first three as `drafter.last_stats` would hold them.
+    "drafter_s", "replayed_tokens", "cut_at", "outside_vocab"}, the first three as `drafter.last_stats` would hold
+    them. `outside_vocab` (None without a draft vocabulary): {"tokens": tokens committed by rounds that the drafter
+    cannot propose, "rounds": rounds that ended at such a token}.
 
     `forward`: the target forward over `input_ids + new_ids` (`output_hidden_states=True`, with its cache for a
     KV drafter); computed here when None. `cut_at`: the first new token the forward's argmax disagrees with
@@ -133,6 +135,8 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     generator = drafter.make_candidate_generator(target, generation_config, None, {})
     stats = generator.stats
     tokens = full[0].tolist()
+    vocab = None if drafter.draft_to_target is None else set(drafter.draft_to_target.tolist())
+    ended_outside = outside_tokens = 0
 
     seq_len, matches, drafter_s = prompt_len + 1, 0, 0.0  # the prefill committed new_ids[0]
     while seq_len < end:
@@ -154,11 +158,17 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
                 for log in (stats.num_proposals, stats.conditioned_slots, stats.drafts):
                     log.pop()
             break
+        rounds = len(stats.acceptance_lengths)
         generator.update_candidate_strategy(full[:, :seq_len], None, matches)
+        if vocab is not None and len(stats.acceptance_lengths) > rounds:  # a round (not a budget's last plain step)
+            committed = tokens[seq_len:seq_len + matches + 1]
+            outside_tokens += sum(t not in vocab for t in committed)
+            ended_outside += matches < len(drafts) and committed[-1] not in vocab
         seq_len += matches + 1
+    outside = None if vocab is None else {"tokens": outside_tokens, "rounds": int(ended_outside)}
     return {"acceptance_lengths": list(stats.acceptance_lengths), "num_proposals": list(stats.num_proposals),
             "drafts": list(stats.drafts), "drafter_s": drafter_s, "replayed_tokens": seq_len - prompt_len,
-            "cut_at": cut_at}
+            "cut_at": cut_at, "outside_vocab": outside}
 
 
 def target_forward(target, full_ids: torch.Tensor, with_cache: bool):
@@ -220,6 +230,19 @@ def paired_tau_ratio_interval(num: list, den: list, reps: int = 2000, seed: int 
     return paired_ratio_interval([(sum(a), len(a), sum(b), len(b)) for a, b in zip(num, den)], reps, seed)
 
 
+def _outside_vocab(prompt_rows: list, name: str, rounds: int) -> dict | None:
+    """How much of the target's output `name`'s draft vocabulary cannot propose (None without one): the share of the
+    replayed reference tokens outside it, and of the rounds that ended at such a token."""
+    counts = [p["drafters"][name]["outside_vocab"] for p in prompt_rows]
+    if all(c is None for c in counts):
+        return None
+    tokens = sum(sum(p["drafters"][name]["acceptance_lengths"]) for p in prompt_rows)  # each round commits its length
+    outside = sum(c["tokens"] for c in counts if c)
+    return {"tokens": outside, "token_share": outside / tokens if tokens else None,
+            "rounds": sum(c["rounds"] for c in counts if c),
+            "round_share": sum(c["rounds"] for c in counts if c) / rounds if rounds else None}
+
+
 def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
     methods = {}
     for name in names:
@@ -231,6 +254,7 @@ def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
         summary["drafter_ms_per_round"] = 1000 * drafter_s / rounds if rounds else None
         summary["rounds_without_proposals"] = sum(k == 0 for ks in proposals for k in ks) / rounds if rounds else None
         summary["proposals_per_round"] = sum(map(sum, proposals)) / rounds if rounds else None
+        summary["outside_draft_vocab"] = _outside_vocab(prompt_rows, name, rounds)
         methods[name] = summary
     ratios = {}
     for name in names[1:]:
@@ -246,7 +270,8 @@ def _replay_item(target, tokenizer, drafters: dict, item: dict, references: Refe
                  needs_kv: bool) -> dict:
     """Every turn of one prompt: its reference, one target forward, and each drafter's replay on it."""
     row = {"id": item["id"], "turns": len(item["turns"]), "prompt_tokens": [], "new_tokens": [], "cut_at": [],
-           "drafters": {label: {"acceptance_lengths": [], "num_proposals": [], "drafter_s": 0.0} for label in drafters}}
+           "drafters": {label: {"acceptance_lengths": [], "num_proposals": [], "drafter_s": 0.0, "outside_vocab": None}
+                        for label in drafters}}
     messages = []
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
@@ -260,6 +285,9 @@ def _replay_item(target, tokenizer, drafters: dict, item: dict, references: Refe
             entry["acceptance_lengths"] += result["acceptance_lengths"]
             entry["num_proposals"] += result["num_proposals"]
             entry["drafter_s"] += result["drafter_s"]
+            if result["outside_vocab"] is not None:
+                old = entry["outside_vocab"] or {"tokens": 0, "rounds": 0}
+                entry["outside_vocab"] = {k: old[k] + result["outside_vocab"][k] for k in old}
         row["prompt_tokens"].append(input_ids.shape[1])
         row["new_tokens"].append(len(new_ids))
         row["cut_at"].append(result["cut_at"])  # the same for every drafter: it is the forward's
@@ -360,6 +388,12 @@ def format_replay(report: dict) -> str:
         ms = "-" if m["drafter_ms_per_round"] is None else f"{m['drafter_ms_per_round']:.1f}"
         per = "-" if m["proposals_per_round"] is None else f"{m['proposals_per_round']:.2f}"
         lines.append(f"| {label} ({config['drafters'][label]}) | {tau} | {cell} | {slots} | {per} | {ms} |")
+    outside = [(label, m["outside_draft_vocab"]) for label, m in summary["methods"].items()
+               if m.get("outside_draft_vocab") and m["outside_draft_vocab"]["token_share"] is not None]
+    if outside:
+        lines += ["", "draft vocabulary, the target's tokens it cannot propose: " + "; ".join(
+            f"{label} {o['token_share']:.1%} of the tokens, {o['round_share']:.1%} of the rounds end at one"
+            for label, o in outside)]
     return "\n".join(lines)
 
 
