@@ -286,7 +286,7 @@ def _draft_vocabulary(model, target, cfg, train_examples, held_out, eos_ids, mai
             print(f"[train] draft vocabulary: labelling the {len(train_examples)} training rows with the target "
                   "(one forward each)")
         counts = label_counts(train_examples, vocab_rows_count, cfg.labels, target)
-        ids = draft_vocabulary(counts, size, always=eos_ids, keep=None if current is None else current.cpu())
+        ids = draft_vocabulary(counts, size, always=[*eos_ids, *([] if current is None else current.tolist())])
         if main and current is not None:
             before, after = (float(counts[v].sum() / counts.sum().clamp_min(1)) for v in (current.cpu(), ids))
             print(f"[train] draft vocabulary grown from {current.numel():,} to {ids.numel():,} ids (the --init "

@@ -321,11 +321,10 @@ def greedy_chain_mask(input_ids, label_ids, anchors, block_size) -> torch.Tensor
     return chain.view(bsz, N * block_size)
 
 
-def draft_vocabulary(counts: torch.Tensor, size: int, always=(), keep=None) -> torch.Tensor:
+def draft_vocabulary(counts: torch.Tensor, size: int, always=()) -> torch.Tensor:
     """Sorted target ids of a draft vocabulary: the `size` most frequent labels in `counts` (V,), `always` included
-    (EOS ids: the drafter must be able to propose the end). `keep`: ids that stay whatever their count (an --init
-    drafter's own vocabulary when it grows), the most frequent other labels fill the rest."""
-    keep = {int(i) for i in always} | ({int(i) for i in keep} if keep is not None else set())
+    (EOS ids: the drafter must be able to propose the end; an --init drafter's own ids when its vocabulary grows)."""
+    keep = {int(i) for i in always}
     if len(keep) > size:
         raise ValueError(f"A draft vocabulary of {size} ids cannot keep the {len(keep)} it must keep.")
     ranked = [int(i) for i in torch.argsort(counts, descending=True, stable=True)[: size + len(keep)]]
