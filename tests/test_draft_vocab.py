@@ -27,6 +27,8 @@ def vocab_pair(qwen3_target, train_prompts):
     ids = _vocab_of(rows)
     fresh = DFlashDrafter.from_target(qwen3_target, num_hidden_layers=2, block_size=8).set_draft_vocabulary(ids)
     drafter = train_drafter(qwen3_target, rows, steps=400, block_size=8, layers=2, lr=5e-3, drafter=fresh)
+    assert drafter.config.draft_vocab_context is True  # the default; these tests check the saved vocabulary alone
+    drafter.config.draft_vocab_context = False
     return qwen3_target, drafter, ids
 
 
@@ -129,9 +131,12 @@ def test_set_draft_vocabulary_checks_ids(qwen3_target):
 def test_sampling_follows_the_target(vocab_pair):
     """Speculative sampling with -inf outside the draft vocabulary: marginals match the target's (noise floor)."""
     target, drafter, _ = vocab_pair
-    prompt = torch.tensor([[11, 12, 13, 14, 15]])
-    n, new = 240, 3
+    _check_sampling_follows_the_target(target, drafter, torch.tensor([[11, 12, 13, 14, 15]]))
 
+
+def _check_sampling_follows_the_target(target, drafter, prompt, n=240, new=3):
+    """Per-position marginals of n sampled continuations: assisted against plain, within the plain-vs-plain noise
+    floor (total variation distance between two plain runs of other seeds)."""
     def marginals(seed0, **kwargs):
         counts = [collections.Counter() for _ in range(new)]
         for i in range(n):
@@ -147,3 +152,111 @@ def test_sampling_follows_the_target(vocab_pair):
     a, b = marginals(0, temperature=1.0), marginals(10_000, temperature=1.0)
     floor = tv(a, b)
     assert tv(a, marginals(20_000, temperature=1.0, assistant_model=drafter)) < 1.5 * floor + 0.03
+
+
+# ------------------------------------------------------------------ draft_vocab_context: the context's tokens join
+@pytest.fixture(scope="module")
+def context_pair(vocab_pair):
+    """The trained drafter with half of its vocabulary (its 20 most frequent ids), and draft_vocab_context on: the
+    prompts' tokens outside those 20 become proposable."""
+    import copy
+
+    target, drafter, ids = vocab_pair
+    narrow = copy.deepcopy(drafter).set_draft_vocabulary(ids[:20])
+    narrow.config.draft_vocab_context = True
+    return target, narrow
+
+
+def test_context_tokens_outside_the_vocabulary_are_proposed_and_greedy_stays_exact(context_pair, train_prompts):
+    target, drafter = context_pair
+    saved = set(drafter.draft_to_target.tolist())
+    from_context = added = 0
+    for max_new_tokens in (1, 2, 8, 9, 40):
+        for prompt in train_prompts[:4] + prompts(3, length=7, seed=5 + max_new_tokens):
+            ref = target.generate(prompt, do_sample=False, max_new_tokens=max_new_tokens)
+            out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
+            assert torch.equal(ref, out), f"plain {ref.tolist()}\ndraft {out.tolist()}"
+            stats, committed = drafter.last_stats, prompt.shape[1] + 1  # the prefill commits one token
+            for draft, length in zip(stats.drafts, stats.acceptance_lengths):
+                context = set(out[0, :committed].tolist())
+                assert set(draft) <= saved | context  # nothing outside the vocabulary and the round's context
+                from_context += sum(t not in saved for t in draft)
+                committed += length
+            added += stats.draft_vocab_added
+    assert from_context > 0 and added > 0  # the option did something
+
+
+def test_context_vocabulary_off_proposes_only_the_saved_vocabulary(context_pair, train_prompts):
+    import copy
+
+    target, drafter = context_pair
+    off = copy.deepcopy(drafter)
+    off.config.draft_vocab_context = False
+    saved = set(off.draft_to_target.tolist())
+    for prompt in train_prompts[:4]:
+        target.generate(prompt, assistant_model=off, do_sample=False, max_new_tokens=30)
+        assert all(set(d) <= saved for d in off.last_stats.drafts) and off.last_stats.draft_vocab_added == 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(repetition_penalty=1.3), dict(no_repeat_ngram_size=3)])
+def test_context_vocabulary_with_logits_processors_stays_exact(context_pair, train_prompts, kwargs):
+    target, drafter = context_pair
+    for prompt in train_prompts[:3]:
+        ref = target.generate(prompt, do_sample=False, max_new_tokens=30, **kwargs)
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=30, **kwargs)
+        assert torch.equal(ref, out)
+
+
+def test_greedy_proposals_with_extra_ids_match_the_full_logits(context_pair):
+    """The fast greedy path (no full-vocabulary logits) picks what the full logits' argmax picks, ties included
+    (lowest target id), and its confidence is the full softmax's probability of that token."""
+    import copy
+
+    target, drafter = context_pair
+    head = copy.deepcopy(target.lm_head)
+    saved = drafter.draft_to_target.tolist()
+    outside = [t for t in range(VOCAB) if t not in saved]
+    with torch.no_grad():  # exact ties: an outside row equal to a lower saved row, and a saved row to a lower outside
+        head.weight[outside[5]] = head.weight[min(saved)]
+        low_outside = min(outside)
+        high_saved = next(t for t in sorted(saved) if t > low_outside)
+        head.weight[high_saved] = head.weight[low_outside]
+    extra = torch.tensor(sorted(outside[:12]))
+    hidden = torch.cat([torch.randn(1, 40, 64), 3 * head.weight[[min(saved), low_outside, outside[3]]][None]], dim=1)
+    ids, confidence = drafter.greedy_proposals(hidden, head, with_confidence=True, extra_ids=extra)
+    full = drafter.compute_logits(hidden, head, extra)
+    assert torch.equal(ids, full.argmax(-1))
+    torch.testing.assert_close(confidence, full[0].softmax(-1).gather(-1, ids[0, :, None])[:, 0])
+    assert set(ids[0].tolist()) & set(outside[:12])  # the extras do win some slots
+    assert torch.isneginf(full[..., sorted(set(outside) - set(outside[:12]))]).all()
+
+
+def test_sampling_with_a_context_vocabulary_follows_the_target(context_pair):
+    target, drafter = context_pair
+    _check_sampling_follows_the_target(target, drafter, torch.tensor([[11, 12, 13, 60, 61, 62, 70]]))  # outside the 20
+    assert drafter.last_stats.draft_vocab_added > 0
+
+
+def test_draft_vocab_context_saves_loads_and_runs_as_remote_code(context_pair, train_prompts, tmp_path):
+    target, drafter = context_pair
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    assert DFlashDrafter.from_pretrained(tmp_path / "drafter").config.draft_vocab_context is True
+    prompt_list = [p[0].tolist() for p in train_prompts[:2]]
+    result = run_in_fresh_process(tmp_path / "target", tmp_path / "drafter", prompt_list)
+    for prompt, out, lengths in zip(train_prompts[:2], result["outputs"], result["acceptance"]):
+        assert out == target.generate(prompt, do_sample=False, max_new_tokens=30)[0].tolist()
+        target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=30)
+        assert lengths == drafter.last_stats.acceptance_lengths
+    with pytest.raises(ValueError, match="draft_vocab_context must be True or False"):
+        drafter.config.draft_vocab_context = "yes"
+
+
+def test_context_vocabulary_adds_every_new_context_token_once():
+    from dflash_retrace.vocab_dflash import ContextVocabulary
+
+    vocab = ContextVocabulary(torch.tensor([5, 1, 9]), num_rows=12)
+    assert vocab.update(torch.tensor([[1, 5, 9]])) is None and not vocab.proposable(3)
+    assert vocab.update(torch.tensor([[1, 5, 9, 7, 3, 7]])).tolist() == [3, 7]
+    assert vocab.update(torch.tensor([[1, 5, 9, 7, 3, 7, 11, 1, 4]])).tolist() == [3, 4, 7, 11]  # the newest too
+    assert vocab.proposable(11) and vocab.proposable(5) and not vocab.proposable(2) and not vocab.proposable(12)

@@ -103,6 +103,7 @@ def test_replay_counts_what_the_draft_vocabulary_cannot_propose(qwen3_target, dr
         emitted |= set(_real(qwen3_target, drafter, p, 40)[0][1:])
     dropped = sorted(emitted)[::3]  # a third of the tokens the target writes leave the draft vocabulary
     drafter.set_draft_vocabulary([i for i in range(VOCAB) if i not in dropped])
+    drafter.config.draft_vocab_context = False  # the saved vocabulary alone (the next test grows it)
     ended = 0
     for p in train_prompts[:4]:
         new_ids = qwen3_target.generate(p, do_sample=False, max_new_tokens=40)[0, p.shape[1]:].tolist()
@@ -118,6 +119,31 @@ def test_replay_counts_what_the_draft_vocabulary_cannot_propose(qwen3_target, dr
         assert got["outside_vocab"] == {"tokens": len(outside), "rounds": rounds}
         ended += rounds
     assert ended > 0
+
+
+def test_replay_counts_a_context_grown_vocabulary_round_by_round(qwen3_target, drafter, train_prompts):
+    """draft_vocab_context: replay equals generate, and a token counts as outside only if neither the saved
+    vocabulary nor the context at its round's start (prompt + committed tokens) holds it."""
+    emitted = set()
+    for p in train_prompts[:4]:
+        emitted |= set(_real(qwen3_target, drafter, p, 40)[0][1:])
+    dropped = set(sorted(emitted)[::2])
+    drafter.set_draft_vocabulary([i for i in range(VOCAB) if i not in dropped])
+    drafter.config.draft_vocab_context = True
+    grown = 0
+    for p in train_prompts[:4]:
+        new_ids = qwen3_target.generate(p, do_sample=False, max_new_tokens=40)[0, p.shape[1]:].tolist()
+        got = _check_same_rounds(qwen3_target, drafter, p, 40)
+        tokens = rounds = 0
+        pos = 1
+        for length, proposals in zip(got["acceptance_lengths"], got["num_proposals"]):
+            context = set(p[0].tolist()) | set(new_ids[:pos])
+            outside = [t in dropped and t not in context for t in new_ids[pos:pos + length]]
+            tokens, rounds = tokens + sum(outside), rounds + (length - 1 < proposals and outside[-1])
+            pos += length
+        assert got["outside_vocab"] == {"tokens": tokens, "rounds": rounds}
+        grown += drafter.last_stats.draft_vocab_added
+    assert grown > 0
 
 
 def test_the_summary_reports_the_draft_vocabulary_shares():

@@ -65,6 +65,11 @@ def check_option(name: str, value) -> None:
         )
     if name == "block_size":
         check_block_size(value)
+    if name == "draft_vocab_context" and not isinstance(value, bool):
+        raise ValueError(
+            f"draft_vocab_context must be True or False, got {value!r}: True lets a generate() call propose the "
+            "tokens of its context (prompt and committed tokens) that the draft vocabulary lacks."
+        )
     if name == "step_embeddings" and not isinstance(value, bool):
         raise ValueError(
             f"step_embeddings must be True or False, got {value!r}: True adds PAD-Rec step-position embeddings "
@@ -183,6 +188,12 @@ class DFlashConfig(PretrainedConfig):
             Size of the draft vocabulary (FR-Spec / EAGLE-3): the drafter's head is the rows
             `draft_to_target` (a saved index) of the target's LM head, and its logits are placed in the full
             vocabulary with -inf elsewhere, so verification is unchanged. `None`: the full vocabulary.
+        draft_vocab_context (`bool`, defaults to `True`):
+            With a draft vocabulary: each `generate()` call also proposes from every token of its context (the
+            prompt and each token committed since) outside `draft_to_target`, as more rows of the target's head
+            (no weights; see `vocab_dflash`). Exact either way; without a draft vocabulary it changes nothing.
+            `False`: only the saved vocabulary (drafters saved before the option get `True` when loaded unless
+            their config.json says otherwise).
     """
 
     model_type = "dflash_retrace"
@@ -217,6 +228,7 @@ class DFlashConfig(PretrainedConfig):
         output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
         draft_vocab_size: int | None = None,
+        draft_vocab_context: bool = True,
         context: str = "hidden",
         kv_layer_ids: list | None = None,
         fusion: str = "fc",
@@ -256,8 +268,7 @@ class DFlashConfig(PretrainedConfig):
         self.hidden_act = hidden_act
         self.vocab_size = vocab_size
         self.initializer_range = initializer_range
-        self.retrace = bool(retrace)
-        self.retrace_beta = float(retrace_beta)
+        self.retrace, self.retrace_beta = bool(retrace), float(retrace_beta)
         self.step_embeddings = step_embeddings
         self.proposal_policy = proposal_policy
         self.max_proposals = max_proposals
@@ -265,13 +276,14 @@ class DFlashConfig(PretrainedConfig):
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)
         self.final_logit_softcapping = final_logit_softcapping
-        self._set_readers(target_layer_ids, draft_vocab_size, context, kv_layer_ids, fusion, fusion_layer_ids)
+        self._set_readers(target_layer_ids, (draft_vocab_size, draft_vocab_context), context, kv_layer_ids, fusion, fusion_layer_ids)
         super().__init__(**kwargs)
 
-    def _set_readers(self, target_layer_ids, draft_vocab_size, context, kv_layer_ids, fusion, fusion_layer_ids):
+    def _set_readers(self, target_layer_ids, draft_vocab, context, kv_layer_ids, fusion, fusion_layer_ids):
         """What the drafter reads and proposes over: target layers (DFlash's default rule when None), the draft
-        vocabulary and the variant fields (KVShot context, DFlare fusion); every assignment is checked by
-        __setattr__."""
+        vocabulary (`draft_vocab`: its size and `draft_vocab_context`) and the variant fields (KVShot context,
+        DFlare fusion); every assignment is checked by __setattr__."""
+        draft_vocab_size, self.draft_vocab_context = draft_vocab
         if draft_vocab_size is not None and not 0 < int(draft_vocab_size) <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {draft_vocab_size}.")
         self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)

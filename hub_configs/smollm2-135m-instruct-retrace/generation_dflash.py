@@ -28,6 +28,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from .kv_dflash import read_target_kv
+from .vocab_dflash import ContextVocabulary
 
 SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
 
@@ -74,6 +75,7 @@ class DFlashStats:
         `max_proposals` or `proposal_threshold`).
     conditioned_slots: block slots that received ReTrace memory (0 for plain DFlash).
     drafts: the proposed token ids.
+    draft_vocab_added: context tokens this call added to the drafter's draft vocabulary (`draft_vocab_context`).
     """
 
     block_size: int = 0
@@ -81,6 +83,7 @@ class DFlashStats:
     num_proposals: list = field(default_factory=list)
     conditioned_slots: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
+    draft_vocab_added: int = 0
 
     @property
     def num_rounds(self) -> int:
@@ -233,6 +236,9 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.memory_source = None  # (m (1, K', H), K') of the last round, when it may feed the next one
         self.stats = DFlashStats(block_size=self.block_size)
         self.drafter.last_stats = self.stats
+        self.context_vocab = None  # draft_vocab_context: the context's tokens join the draft vocabulary
+        if getattr(config, "draft_vocab_context", False) and self.drafter.draft_to_target is not None:
+            self.context_vocab = ContextVocabulary(self.drafter.draft_to_target, self.lm_head.weight.shape[0])
 
     # -------------------------------------------------------------------------------- protocol
     @torch.no_grad()
@@ -287,11 +293,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache.crop(self.context_length)  # the block's keys/values never stay
 
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
+        extra = self._context_tokens(input_ids)
         if self.greedy_without_logits:
-            drafts, confidence = self.drafter.greedy_proposals(states, self.lm_head, self.proposal_threshold > 0)
+            drafts, confidence = self.drafter.greedy_proposals(states, self.lm_head, self.proposal_threshold > 0,
+                                                               extra_ids=extra)
             drafts, logits = drafts.to(input_ids.device), None
         else:
-            drafts, logits, confidence = self._proposals_with_logits(input_ids, states)
+            drafts, logits, confidence = self._proposals_with_logits(input_ids, states, extra)
         cut = drafts.shape[1]
         if confidence is not None:
             cut = self._confident_prefix(confidence)
@@ -343,10 +351,25 @@ class DFlashCandidateGenerator(CandidateGenerator):
             self.stats.acceptance_lengths.append(int(num_matches) + 1)
             self.round_open = False
 
+    def proposable(self, token: int) -> bool:
+        """Whether the drafter can propose `token` in the next round (its draft vocabulary, grown by the context)."""
+        if self.context_vocab is not None:
+            return self.context_vocab.proposable(token)
+        vocab = self.drafter.draft_to_target
+        return vocab is None or bool((vocab == token).any())
+
     # ---------------------------------------------------------------------------------- pieces
-    def _proposals_with_logits(self, input_ids, states):
+    def _context_tokens(self, input_ids):
+        """The context's token ids outside the draft vocabulary (ascending), or None (none, or not asked for)."""
+        if self.context_vocab is None:
+            return None
+        extra = self.context_vocab.update(input_ids)
+        self.stats.draft_vocab_added = len(self.context_vocab.added)
+        return extra
+
+    def _proposals_with_logits(self, input_ids, states, extra=None):
         """(drafts, the q transformers verifies them against, each draft's drafter probability or None)."""
-        logits = self.drafter.compute_logits(states, self.lm_head).to(input_ids.device, torch.float32)
+        logits = self.drafter.compute_logits(states, self.lm_head, extra).to(input_ids.device, torch.float32)
         probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
         drafts, logits = self._propose(input_ids, logits)
         if probs is None:

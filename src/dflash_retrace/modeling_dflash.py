@@ -49,6 +49,7 @@ from .layers_dflash import (  # noqa: F401  (re-exported: the building blocks we
 )
 from .steps_dflash import StepEmbeddings
 from .kv_dflash import TargetKVAttention, check_kv_target, check_target_kv, resolve_kv_layer_ids
+from .vocab_dflash import DraftHeadMixin, _linear_rows
 
 try:  # transformers >= 5: init functions that skip weights already loaded from a checkpoint
     from transformers import initialization as init
@@ -84,7 +85,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
             module.init_mix_logits(init)
 
 
-class DFlashDrafter(DFlashPreTrainedModel):
+class DFlashDrafter(DraftHeadMixin, DFlashPreTrainedModel):
     """DFlash drafter (optionally with ReTrace) usable as `target.generate(..., assistant_model=drafter)`."""
 
     # Marker read by the generate() dispatch: an attribute, not a class check, because a class loaded
@@ -112,8 +113,6 @@ class DFlashDrafter(DFlashPreTrainedModel):
         # Draft vocabulary: target ids of the head rows (saved with the weights); None = the full vocabulary.
         self.register_buffer("draft_to_target", None if config.draft_vocab_size is None else
                              torch.arange(config.draft_vocab_size, dtype=torch.long))
-        self._head_rows = None  # (key, rows of the target's LM head for the draft vocabulary)
-        self._draft_order = None  # (key, argsort of draft_to_target, draft_to_target sorted): greedy_proposals
         self.last_stats: DFlashStats | None = None
         self.post_init()
 
@@ -129,18 +128,6 @@ class DFlashDrafter(DFlashPreTrainedModel):
                 "built-in plain DFlash."
             )
         return super().__getattr__(name)
-
-    def set_draft_vocabulary(self, target_ids) -> "DFlashDrafter":
-        """Restricts the drafter's head to `target_ids` (distinct target token ids; saved with the weights)."""
-        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
-        if ids.numel() == 0 or ids.unique().numel() != ids.numel():
-            raise ValueError("A draft vocabulary needs at least one token id and no id twice.")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
-            raise ValueError(f"Draft vocabulary ids must be target token ids in 0..{self.config.vocab_size - 1}.")
-        self.config.draft_vocab_size = int(ids.numel())
-        self.draft_to_target = ids.to(self.fc.weight.device)
-        self._head_rows = self._draft_order = None
-        return self
 
     # ----------------------------------------------------------------------------------- build
     @classmethod
@@ -355,59 +342,6 @@ class DFlashDrafter(DFlashPreTrainedModel):
             embeds = embeds * self.config.input_embedding_scale
         return embeds
 
-    def compute_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Drafter logits over the target's full vocabulary (z-lab's multiplier and softcap conventions).
-
-        With a draft vocabulary, tokens outside it get -inf: they are never proposed and have zero proposal
-        probability, so greedy matching and speculative sampling stay exact."""
-        logits = self.compute_draft_logits(hidden_states, lm_head)
-        if self.draft_to_target is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], lm_head.weight.shape[0]), float("-inf"))
-        return full.index_copy_(full.dim() - 1, self.draft_to_target.to(logits.device), logits)
-
-    def greedy_proposals(self, hidden_states: torch.Tensor, lm_head: nn.Module, with_confidence: bool = False) -> tuple:
-        """(argmax proposals as target token ids (b, k), each proposal's drafter probability (k,) for the first
-        sequence if `with_confidence`, else None), without building full-vocabulary logits.
-
-        The same tokens as `compute_logits(...).argmax(-1)`: with a draft vocabulary the argmax runs over the draft
-        logits in ascending target-id order, so ties go to the lowest target id as they do over the full logits."""
-        logits = self.compute_draft_logits(hidden_states, lm_head)
-        if self.draft_to_target is not None:
-            key = (self.draft_to_target.data_ptr(), _version(self.draft_to_target), logits.device,
-                   torch.is_inference_mode_enabled())
-            if self._draft_order is None or self._draft_order[0] != key:
-                sorted_ids, order = self.draft_to_target.sort()
-                self._draft_order = (key, order.to(logits.device), sorted_ids.to(logits.device))
-            logits = logits.index_select(-1, self._draft_order[1])
-        chosen = logits.argmax(dim=-1)
-        ids = chosen if self.draft_to_target is None else self._draft_order[2][chosen]
-        confidence = None
-        if with_confidence:
-            confidence = logits[0].float().softmax(dim=-1).gather(-1, chosen[0, :, None])[:, 0]
-        return ids, confidence
-
-    def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Logits over the draft vocabulary (`draft_to_target` order), or the full one without a draft vocabulary."""
-        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype)  # the generator's [:, 1:] slice
-        if self.draft_to_target is None:
-            logits = _linear_rows(lm_head, hidden_states)
-        else:  # the draft vocabulary's rows of the target's head, cached while the head is unchanged
-            # (rows gathered under generate()'s inference mode cannot enter autograd: the mode is part of the key)
-            key = (weight.data_ptr(), _version(weight), weight.dtype, weight.device, self.draft_to_target.data_ptr(),
-                   _version(self.draft_to_target), torch.is_inference_mode_enabled())
-            if self._head_rows is None or self._head_rows[0] != key:
-                ids = self.draft_to_target.to(weight.device)
-                self._head_rows = (key, weight.detach()[ids], None if bias is None else bias.detach()[ids])
-            logits = _linear_rows(F.linear, hidden_states, *self._head_rows[1:])
-        if self.config.output_multiplier != 1.0:
-            logits = logits * self.config.output_multiplier
-        softcap = self.config.final_logit_softcapping
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        return logits
-
     def check_target(self, target: PreTrainedModel) -> None:
         """Raises a ValueError with the fix if this drafter cannot serve `target`."""
         tc = target.config.get_text_config()
@@ -559,21 +493,6 @@ def check_loaded_weights(drafter, info: dict, source) -> None:
         + (f". Unexpected: {sorted(unexpected)[:6]}" if unexpected else "")
         + ("" if len(missing | unexpected) <= 6 else f" ({len(missing | unexpected)} keys in all)") + "."
     )
-
-
-def _linear_rows(linear, x: torch.Tensor, *args) -> torch.Tensor:
-    """`linear(x, *args)` over x's rows as one 2-D matrix, reshaped back. A 3-D slice such as `[:, 1:]` of a block
-    keeps its parent's stride in the size-1 batch dimension, so torch's matmul skips its fold into one mm
-    (pytorch/pytorch#186148) and takes bmm, which is slow for bf16 on CPUs (#151934): 8 ms instead of 0.7 for
-    SmolLM2's 7 x 8,192 draft head."""
-    out = linear(x.reshape(-1, x.shape[-1]), *args)
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
-def _version(tensor: torch.Tensor):
-    """The tensor's in-place version counter, for cache keys; None for an inference tensor (made or moved under
-    `torch.inference_mode()`), which has none and cannot be modified in place outside that mode anyway."""
-    return None if tensor.is_inference() else tensor._version
 
 
 def _as_bool_mask(attention_mask, q_len):

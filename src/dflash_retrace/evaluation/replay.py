@@ -106,7 +106,8 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     `new_ids` (plain greedy generate() of the same call). Returns {"acceptance_lengths", "num_proposals", "drafts",
     "drafter_s", "replayed_tokens", "cut_at", "outside_vocab"}, the first three as `drafter.last_stats` would hold
     them. `outside_vocab` (None without a draft vocabulary): {"tokens": tokens committed by rounds that the drafter
-    cannot propose, "rounds": rounds that ended at such a token}.
+    could not propose in their round (a vocabulary grown by `draft_vocab_context` counts as it stood then), "rounds":
+    rounds that ended at such a token}.
 
     `forward`: the target forward over `input_ids + new_ids` (`output_hidden_states=True`, with its cache for a
     KV drafter); computed here when None. `cut_at`: the first new token the forward's argmax disagrees with
@@ -136,6 +137,8 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     stats = generator.stats
     tokens = full[0].tolist()
     vocab = None if drafter.draft_to_target is None else set(drafter.draft_to_target.tolist())
+    if generator.context_vocab is not None:  # the vocabulary grows by the context: ask the generator each round
+        vocab = _Proposable(generator)
     ended_outside = outside_tokens = 0
 
     seq_len, matches, drafter_s = prompt_len + 1, 0, 0.0  # the prefill committed new_ids[0]
@@ -169,6 +172,16 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     return {"acceptance_lengths": list(stats.acceptance_lengths), "num_proposals": list(stats.num_proposals),
             "drafts": list(stats.drafts), "drafter_s": drafter_s, "replayed_tokens": seq_len - prompt_len,
             "cut_at": cut_at, "outside_vocab": outside}
+
+
+class _Proposable:
+    """`token in vocab` for a generator whose draft vocabulary grows with the context (`draft_vocab_context`)."""
+
+    def __init__(self, generator):
+        self.generator = generator
+
+    def __contains__(self, token: int) -> bool:
+        return self.generator.proposable(token)
 
 
 def target_forward(target, full_ids: torch.Tensor, with_cache: bool):
