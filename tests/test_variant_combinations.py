@@ -11,7 +11,7 @@ import torch
 from dflash_retrace import DFlashDrafter
 from dflash_retrace.training import TrainConfig, train_drafter
 from test_remote_code import _run as run_remote
-from tiny import continuations, prompts
+from tiny import VOCAB, continuations, prompts
 
 ALL = dict(fusion="layerwise", step_embeddings=True, context="hybrid", retrace=True)
 NEW = 30
@@ -81,6 +81,23 @@ def test_every_option_live_greedy_equals_target(request, family, max_new_tokens)
         ref = target.generate(p, do_sample=False, max_new_tokens=max_new_tokens)
         out = target.generate(p, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("max_new_tokens", [2, 9, 40])
+def test_every_option_with_a_context_grown_draft_vocabulary(qwen3_target, live_qwen3, max_new_tokens):
+    """All options live (ReTrace memory included) on a draft vocabulary of the even ids, with the context's odd ids
+    joining it (draft_vocab_context): greedy output still equals plain generate()."""
+    drafter = copy.deepcopy(live_qwen3).set_draft_vocabulary(list(range(0, VOCAB, 2)))
+    drafter.config.draft_vocab_context = True
+    odd = 0
+    for p in prompts(4, seed=33):
+        ref = qwen3_target.generate(p, do_sample=False, max_new_tokens=max_new_tokens)
+        out = qwen3_target.generate(p, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
+        assert torch.equal(out, ref)
+        odd += sum(t % 2 for draft in drafter.last_stats.drafts for t in draft)
+        stats = drafter.last_stats
+        assert (stats.draft_vocab_added > 0) == (stats.num_rounds > 0)  # a drafted round reads the prompt's odd ids
+    assert odd > 0 or max_new_tokens < 9  # context tokens were proposed (a 2-token budget has no room for a round)
 
 
 def test_every_option_live_drafts_differently(qwen3_target, qwen3_drafter, live_qwen3, train_prompts):

@@ -352,7 +352,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
             self.round_open = False
 
     def proposable(self, token: int) -> bool:
-        """Whether the drafter can propose `token` in the next round (its draft vocabulary, grown by the context)."""
+        """Whether the drafter could propose `token` in the round drafted last (its draft vocabulary, grown by the
+        context read up to that round)."""
         if self.context_vocab is not None:
             return self.context_vocab.proposable(token)
         vocab = self.drafter.draft_to_target
