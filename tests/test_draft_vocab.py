@@ -2,6 +2,7 @@
 are placed in the full vocabulary with -inf elsewhere, and generation stays exact (fp32, tiny models)."""
 
 import collections
+import copy
 
 import pytest
 import torch
@@ -87,8 +88,6 @@ def test_peft_wrapped_draft_vocabulary_drafter(vocab_pair, train_prompts):
     from peft import LoraConfig, get_peft_model
 
     target, drafter, ids = vocab_pair
-    import copy
-
     wrapped = get_peft_model(copy.deepcopy(drafter), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     assert torch.equal(wrapped.get_base_model().draft_to_target, ids)
     for prompt in train_prompts[:2]:
@@ -159,8 +158,6 @@ def _check_sampling_follows_the_target(target, drafter, prompt, n=240, new=3):
 def context_pair(vocab_pair):
     """The trained drafter with half of its vocabulary (its 20 most frequent ids), and draft_vocab_context on: the
     prompts' tokens outside those 20 become proposable."""
-    import copy
-
     target, drafter, ids = vocab_pair
     narrow = copy.deepcopy(drafter).set_draft_vocabulary(ids[:20])
     narrow.config.draft_vocab_context = True
@@ -187,8 +184,6 @@ def test_context_tokens_outside_the_vocabulary_are_proposed_and_greedy_stays_exa
 
 
 def test_context_vocabulary_off_proposes_only_the_saved_vocabulary(context_pair, train_prompts):
-    import copy
-
     target, drafter = context_pair
     off = copy.deepcopy(drafter)
     off.config.draft_vocab_context = False
@@ -210,8 +205,6 @@ def test_context_vocabulary_with_logits_processors_stays_exact(context_pair, tra
 def test_greedy_proposals_with_extra_ids_match_the_full_logits(context_pair):
     """The fast greedy path (no full-vocabulary logits) picks what the full logits' argmax picks, ties included
     (lowest target id), and its confidence is the full softmax's probability of that token."""
-    import copy
-
     target, drafter = context_pair
     head = copy.deepcopy(target.lm_head)
     saved = drafter.draft_to_target.tolist()

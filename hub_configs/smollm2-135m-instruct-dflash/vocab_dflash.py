@@ -73,23 +73,20 @@ class DraftHeadMixin:
             logits = logits.index_select(-1, self._draft_order[1])
         chosen = logits.argmax(dim=-1)
         ids = chosen if self.draft_to_target is None else self._draft_order[2][chosen]
-        if extra_ids is None:
-            confidence = None
-            if with_confidence:
-                confidence = logits[0].float().softmax(dim=-1).gather(-1, chosen[0, :, None])[:, 0]
-            return ids, confidence
-        extra = self._extra_logits(hidden_states, lm_head, extra_ids)
-        extra_ids = extra_ids.to(extra.device)
-        extra_chosen = extra.argmax(dim=-1)
-        best = logits.gather(-1, chosen[..., None])[..., 0]
-        extra_best = extra.gather(-1, extra_chosen[..., None])[..., 0]
-        take = (extra_best > best) | ((extra_best == best) & (extra_ids[extra_chosen] < ids))
-        ids = torch.where(take, extra_ids[extra_chosen], ids)
+        extra = None
+        if extra_ids is not None:  # the best extra id wins where its logit is higher, or equal at a lower id
+            extra = self._extra_logits(hidden_states, lm_head, extra_ids)
+            extra_chosen = extra.argmax(dim=-1)
+            extra_pick = extra_ids.to(extra.device)[extra_chosen]
+            best = logits.gather(-1, chosen[..., None])[..., 0]
+            extra_best = extra.gather(-1, extra_chosen[..., None])[..., 0]
+            take = (extra_best > best) | ((extra_best == best) & (extra_pick < ids))
+            ids = torch.where(take, extra_pick, ids)
+            chosen = torch.where(take, logits.shape[-1] + extra_chosen, chosen)  # index into [draft, extra] logits
         confidence = None
         if with_confidence:
-            probs = torch.cat([logits[0], extra[0]], dim=-1).float().softmax(dim=-1)
-            index = torch.where(take[0], logits.shape[-1] + extra_chosen[0], chosen[0])
-            confidence = probs.gather(-1, index[:, None])[:, 0]
+            pool = logits if extra is None else torch.cat([logits, extra], dim=-1)
+            confidence = pool[0].float().softmax(dim=-1).gather(-1, chosen[0, :, None])[:, 0]
         return ids, confidence
 
     def compute_draft_logits(self, hidden_states: torch.Tensor, lm_head, extra_ids=None) -> torch.Tensor:

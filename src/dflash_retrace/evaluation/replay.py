@@ -136,9 +136,11 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     generator = drafter.make_candidate_generator(target, generation_config, None, {})
     stats = generator.stats
     tokens = full[0].tolist()
-    vocab = None if drafter.draft_to_target is None else set(drafter.draft_to_target.tolist())
+    proposable = None  # token -> whether the round's draft vocabulary holds it (None: the full vocabulary)
     if generator.context_vocab is not None:  # the vocabulary grows by the context: ask the generator each round
-        vocab = _Proposable(generator)
+        proposable = generator.proposable
+    elif drafter.draft_to_target is not None:
+        proposable = set(drafter.draft_to_target.tolist()).__contains__
     ended_outside = outside_tokens = 0
 
     seq_len, matches, drafter_s = prompt_len + 1, 0, 0.0  # the prefill committed new_ids[0]
@@ -163,25 +165,15 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
             break
         rounds = len(stats.acceptance_lengths)
         generator.update_candidate_strategy(full[:, :seq_len], None, matches)
-        if vocab is not None and len(stats.acceptance_lengths) > rounds:  # a round (not a budget's last plain step)
+        if proposable is not None and len(stats.acceptance_lengths) > rounds:  # a round (not a budget's plain step)
             committed = tokens[seq_len:seq_len + matches + 1]
-            outside_tokens += sum(t not in vocab for t in committed)
-            ended_outside += matches < len(drafts) and committed[-1] not in vocab
+            outside_tokens += sum(not proposable(t) for t in committed)
+            ended_outside += matches < len(drafts) and not proposable(committed[-1])
         seq_len += matches + 1
-    outside = None if vocab is None else {"tokens": outside_tokens, "rounds": int(ended_outside)}
+    outside = None if proposable is None else {"tokens": outside_tokens, "rounds": int(ended_outside)}
     return {"acceptance_lengths": list(stats.acceptance_lengths), "num_proposals": list(stats.num_proposals),
             "drafts": list(stats.drafts), "drafter_s": drafter_s, "replayed_tokens": seq_len - prompt_len,
             "cut_at": cut_at, "outside_vocab": outside}
-
-
-class _Proposable:
-    """`token in vocab` for a generator whose draft vocabulary grows with the context (`draft_vocab_context`)."""
-
-    def __init__(self, generator):
-        self.generator = generator
-
-    def __contains__(self, token: int) -> bool:
-        return self.generator.proposable(token)
 
 
 def target_forward(target, full_ids: torch.Tensor, with_cache: bool):
