@@ -127,9 +127,13 @@ def test_set_draft_vocabulary_checks_ids(qwen3_target):
         drafter.set_draft_vocabulary([1, 96])
 
 
-def test_sampling_follows_the_target(vocab_pair):
-    """Speculative sampling with -inf outside the draft vocabulary: marginals match the target's (noise floor)."""
+@pytest.mark.parametrize("policy", ["argmax", "sample"])
+def test_sampling_follows_the_target(vocab_pair, policy):
+    """Speculative sampling with -inf outside the draft vocabulary: marginals match the target's (noise floor), with
+    argmax proposals (q a point mass) and with sampled ones (q the drafter's distribution over the vocabulary)."""
     target, drafter, _ = vocab_pair
+    drafter = copy.deepcopy(drafter)
+    drafter.config.proposal_policy = policy
     _check_sampling_follows_the_target(target, drafter, torch.tensor([[11, 12, 13, 14, 15]]))
 
 
@@ -204,30 +208,77 @@ def test_context_vocabulary_with_logits_processors_stays_exact(context_pair, tra
 
 def test_greedy_proposals_with_extra_ids_match_the_full_logits(context_pair):
     """The fast greedy path (no full-vocabulary logits) picks what the full logits' argmax picks, ties included
-    (lowest target id), and its confidence is the full softmax's probability of that token."""
+    (lowest target id), and its confidence is the full softmax's probability of that token. Both kinds of exact tie
+    are built into the head: a saved row equal to a higher extra row (the saved id wins) and an extra row equal to a
+    higher saved row (the extra id wins)."""
     target, drafter = context_pair
     head = copy.deepcopy(target.lm_head)
-    saved = drafter.draft_to_target.tolist()
+    saved = sorted(drafter.draft_to_target.tolist())
     outside = [t for t in range(VOCAB) if t not in saved]
-    with torch.no_grad():  # exact ties: an outside row equal to a lower saved row, and a saved row to a lower outside
-        head.weight[outside[5]] = head.weight[min(saved)]
-        low_outside = min(outside)
-        high_saved = next(t for t in sorted(saved) if t > low_outside)
-        head.weight[high_saved] = head.weight[low_outside]
-    extra = torch.tensor(sorted(outside[:12]))
-    hidden = torch.cat([torch.randn(1, 40, 64), 3 * head.weight[[min(saved), low_outside, outside[3]]][None]], dim=1)
-    ids, confidence = drafter.greedy_proposals(hidden, head, with_confidence=True, extra_ids=extra)
-    full = drafter.compute_logits(hidden, head, extra)
+    extra = sorted(outside[:12])
+    low_extra = extra[0]  # ties B: it against a higher saved id
+    saved_b = next(t for t in saved if t > low_extra)
+    saved_a = next(t for t in saved if t != saved_b)  # ties A: it against a higher extra id
+    extra_a = next(t for t in extra if t > saved_a and t != low_extra)
+    with torch.no_grad():
+        head.weight[extra_a] = head.weight[saved_a]
+        head.weight[saved_b] = head.weight[low_extra]
+    hidden = torch.cat([torch.randn(1, 40, 64), 3 * head.weight[[saved_a, low_extra, extra[3]]][None]], dim=1)
+    ids, confidence = drafter.greedy_proposals(hidden, head, with_confidence=True, extra_ids=torch.tensor(extra))
+    full = drafter.compute_logits(hidden, head, torch.tensor(extra))
     assert torch.equal(ids, full.argmax(-1))
     torch.testing.assert_close(confidence, full[0].softmax(-1).gather(-1, ids[0, :, None])[:, 0])
-    assert set(ids[0].tolist()) & set(outside[:12])  # the extras do win some slots
-    assert torch.isneginf(full[..., sorted(set(outside) - set(outside[:12]))]).all()
+    assert set(ids[0].tolist()) & set(extra)  # the extras do win some slots
+    assert torch.isneginf(full[..., sorted(set(outside) - set(extra))]).all()
+    for slot, (winner, loser) in ((40, (saved_a, extra_a)), (41, (low_extra, saved_b))):  # the built ties decide
+        top2 = full[0, slot].topk(2)
+        assert top2.values[0] == top2.values[1] and set(top2.indices.tolist()) == {winner, loser}
+        assert ids[0, slot] == winner
 
 
-def test_sampling_with_a_context_vocabulary_follows_the_target(context_pair):
+@pytest.mark.parametrize("policy", ["argmax", "sample"])
+def test_sampling_with_a_context_vocabulary_follows_the_target(context_pair, policy):
     target, drafter = context_pair
+    drafter = copy.deepcopy(drafter)
+    drafter.config.proposal_policy = policy
     _check_sampling_follows_the_target(target, drafter, torch.tensor([[11, 12, 13, 60, 61, 62, 70]]))  # outside the 20
     assert drafter.last_stats.draft_vocab_added > 0
+
+
+def test_sampled_proposals_come_from_the_q_handed_back(context_pair, train_prompts, monkeypatch):
+    """proposal_policy="sample" with a context vocabulary: in every round the logits handed to transformers'
+    rejection sampling are finite exactly on the saved vocabulary and the round's context (the support q was drawn
+    from), each proposal has a finite logit there, and some proposals are context tokens outside the saved ids."""
+    from dflash_retrace.generation_dflash import DFlashCandidateGenerator
+
+    target, drafter = context_pair
+    drafter = copy.deepcopy(drafter)
+    drafter.config.proposal_policy = "sample"
+    saved = set(drafter.draft_to_target.tolist())
+    rounds = []
+    original = DFlashCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        ids, logits = original(self, input_ids, *args, **kwargs)
+        if ids.shape[1] > input_ids.shape[1]:
+            rounds.append((input_ids[0].tolist(), ids[0, input_ids.shape[1]:].tolist(), logits))
+        return ids, logits
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", spy)
+    for seed, prompt in enumerate(train_prompts[:3] + [torch.tensor([[11, 12, 13, 60, 61, 62, 70]])]):
+        torch.manual_seed(seed)
+        target.generate(prompt, assistant_model=drafter, do_sample=True, temperature=0.8, top_k=0,
+                        max_new_tokens=30)
+    from_context = 0
+    for context, drafts, logits in rounds:
+        assert logits is not None and logits.shape[:2] == (1, len(drafts))
+        support = saved | set(context)
+        for k, token in enumerate(drafts):
+            finite = set(torch.isfinite(logits[0, k]).nonzero()[:, 0].tolist())
+            assert finite == support, f"slot {k}: q's support {sorted(finite ^ support)} differs from the vocabulary"
+            assert token in finite
+            from_context += token not in saved
+    assert rounds and from_context > 0
 
 
 def test_draft_vocab_context_saves_loads_and_runs_as_remote_code(context_pair, train_prompts, tmp_path):

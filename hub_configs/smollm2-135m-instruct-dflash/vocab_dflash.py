@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 
 class DraftHeadMixin:
-    """The head methods of `DFlashDrafter` (which holds `config`, `draft_to_target` and the two caches below).
+    """The head methods of `DFlashDrafter` (which holds `config`, `draft_to_target` and the three caches below).
 
     `extra_ids` (a method argument): target ids outside `draft_to_target`, ascending, appended to the draft
     vocabulary for one call (`ContextVocabulary.ids`); None for none."""
