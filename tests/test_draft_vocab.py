@@ -13,6 +13,7 @@ from test_remote_code import _run as run_in_fresh_process
 from tiny import EOS, VOCAB, continuations, prompts, tiny_target, train_drafter
 
 DRAFT = 40  # of the tiny targets' 96 tokens
+CONTEXT_PROMPT = torch.tensor([[11, 12, 13, 60, 61, 62, 70]])  # outside the 20 ids of `context_pair`
 
 
 def _vocab_of(rows, size=DRAFT):
@@ -241,7 +242,7 @@ def test_sampling_with_a_context_vocabulary_follows_the_target(context_pair, pol
     target, drafter = context_pair
     drafter = copy.deepcopy(drafter)
     drafter.config.proposal_policy = policy
-    _check_sampling_follows_the_target(target, drafter, torch.tensor([[11, 12, 13, 60, 61, 62, 70]]))  # outside the 20
+    _check_sampling_follows_the_target(target, drafter, CONTEXT_PROMPT)
     assert drafter.last_stats.draft_vocab_added > 0
 
 
@@ -265,7 +266,7 @@ def test_sampled_proposals_come_from_the_q_handed_back(context_pair, train_promp
         return ids, logits
 
     monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", spy)
-    for seed, prompt in enumerate(train_prompts[:3] + [torch.tensor([[11, 12, 13, 60, 61, 62, 70]])]):
+    for seed, prompt in enumerate(train_prompts[:3] + [CONTEXT_PROMPT]):
         torch.manual_seed(seed)
         target.generate(prompt, assistant_model=drafter, do_sample=True, temperature=0.8, top_k=0,
                         max_new_tokens=30)

@@ -136,11 +136,8 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
     generator = drafter.make_candidate_generator(target, generation_config, None, {})
     stats = generator.stats
     tokens = full[0].tolist()
-    proposable = None  # token -> whether the round's draft vocabulary holds it (None: the full vocabulary)
-    if generator.context_vocab is not None:  # the vocabulary grows by the context: ask the generator each round
-        proposable = generator.proposable
-    elif drafter.draft_to_target is not None:
-        proposable = set(drafter.draft_to_target.tolist()).__contains__
+    # token -> whether the round's draft vocabulary (grown by the context, if so configured) holds it; None: full
+    proposable = None if drafter.draft_to_target is None else generator.proposable
     ended_outside = outside_tokens = 0
 
     seq_len, matches, drafter_s = prompt_len + 1, 0, 0.0  # the prefill committed new_ids[0]
