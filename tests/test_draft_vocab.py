@@ -188,6 +188,33 @@ def test_context_tokens_outside_the_vocabulary_are_proposed_and_greedy_stays_exa
     assert from_context > 0 and added > 0  # the option did something
 
 
+def test_context_rows_are_released_when_generate_returns(context_pair, train_prompts, monkeypatch):
+    """The head rows of a call's context tokens belong to that call: held while it drafts, dropped when it returns
+    (or raises), while the saved vocabulary's rows stay cached for the next call."""
+    target, drafter = context_pair
+    held = []
+    original = type(drafter)._extra_logits
+
+    def spy(self, *args, **kwargs):
+        logits = original(self, *args, **kwargs)
+        held.append(self._extra_rows is not None)
+        return logits
+
+    monkeypatch.setattr(type(drafter), "_extra_logits", spy)
+    target.generate(train_prompts[0], assistant_model=drafter, do_sample=False, max_new_tokens=20)
+    assert held and all(held) and drafter.last_stats.draft_vocab_added > 0  # the call used context rows
+    assert drafter._extra_rows is None and drafter._head_rows is not None
+
+    def fail(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(type(drafter), "_extra_logits", fail)
+    with pytest.raises(RuntimeError, match="stop here"):
+        target.generate(train_prompts[0], assistant_model=drafter, do_sample=False, max_new_tokens=20)
+    assert drafter._extra_rows is None
+
+
 def test_context_vocabulary_off_proposes_only_the_saved_vocabulary(context_pair, train_prompts):
     target, drafter = context_pair
     off = copy.deepcopy(drafter)
@@ -305,3 +332,42 @@ def test_context_vocabulary_adds_every_new_context_token_once():
     assert vocab.update(torch.tensor([[1, 5, 9, 7, 3, 7]])).tolist() == [3, 7]
     assert vocab.update(torch.tensor([[1, 5, 9, 7, 3, 7, 11, 1, 4]])).tolist() == [3, 4, 7, 11]  # the newest too
     assert vocab.proposable(11) and vocab.proposable(5) and not vocab.proposable(2) and not vocab.proposable(12)
+
+
+def test_context_vocabulary_skips_the_prompts_masked_positions():
+    from dflash_retrace.vocab_dflash import ContextVocabulary
+
+    padded = torch.tensor([[0, 0, 5, 3, 0]])  # two pad positions, then context (0 is a real token at the end)
+    vocab = ContextVocabulary(torch.tensor([5, 1, 9]), num_rows=12, prompt_mask=torch.tensor([[0, 0, 1, 1, 1]]))
+    assert vocab.update(padded[:, :4]).tolist() == [3]  # the pad id 0 is not context
+    assert vocab.update(padded).tolist() == [0, 3]  # the same id unmasked is
+    plain = ContextVocabulary(torch.tensor([5, 1, 9]), num_rows=12, prompt_mask=torch.ones(1, 4, dtype=torch.long))
+    assert plain.update(padded[:, :4]).tolist() == [0, 3]
+
+
+def test_a_left_padded_prompts_pad_id_is_never_proposed(context_pair, train_prompts, monkeypatch):
+    from dflash_retrace.vocab_dflash import ContextVocabulary
+
+    target, drafter = context_pair
+    saved = set(drafter.draft_to_target.tolist())
+    mask = torch.ones(1, 4 + train_prompts[0].shape[1], dtype=torch.long)
+    mask[:, :4] = 0
+    for pad in range(target.config.vocab_size - 1, 0, -1):  # an id outside the vocabulary, the prompt and the output
+        prompt = torch.cat([torch.full((1, 4), pad), train_prompts[0]], dim=1)
+        ref = target.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=30)
+        if pad not in saved and pad not in ref[0, 4:].tolist():
+            break
+    vocabularies = []
+    original = ContextVocabulary.update
+
+    def spy(self, input_ids):
+        vocabularies.append((self, input_ids.shape[1]))
+        return original(self, input_ids)
+
+    monkeypatch.setattr(ContextVocabulary, "update", spy)
+    out = target.generate(prompt, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=30)
+    assert torch.equal(ref, out)
+    vocab, read = vocabularies[-1]
+    context = set(out[0, 4:read].tolist())  # what the call had read: the unpadded prompt and the committed tokens
+    assert vocab.added == sorted(context - saved) and vocab.added
+    assert not vocab.proposable(pad) and all(pad not in draft for draft in drafter.last_stats.drafts)

@@ -199,6 +199,9 @@ def _install_criteria_handoff(dispatch) -> None:
         finally:
             if token is not None:
                 _STOPPING_CRITERIA.reset(token)
+            release = getattr(_unwrap(arguments.get("assistant_model")), "release_call_caches", None)
+            if release is not None:  # (a drafter saved by an older payload has no call caches)
+                release()
         return _ordinary_tensors(result)
 
     _assisted_decoding.original = original

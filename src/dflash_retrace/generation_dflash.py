@@ -238,7 +238,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.drafter.last_stats = self.stats
         self.context_vocab = None  # draft_vocab_context: the context's tokens join the draft vocabulary
         if getattr(config, "draft_vocab_context", False) and self.drafter.draft_to_target is not None:
-            self.context_vocab = ContextVocabulary(self.drafter.draft_to_target, self.lm_head.weight.shape[0])
+            self.context_vocab = ContextVocabulary(self.drafter.draft_to_target, self.lm_head.weight.shape[0], mask)
 
     # -------------------------------------------------------------------------------- protocol
     @torch.no_grad()

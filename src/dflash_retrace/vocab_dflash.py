@@ -27,7 +27,12 @@ class DraftHeadMixin:
 
     _head_rows = None  # (key, rows of the target's LM head for the draft vocabulary (and bias rows))
     _draft_order = None  # (key, argsort of draft_to_target, draft_to_target sorted): greedy_proposals
-    _extra_rows = None  # (key, the extra_ids tensor they were gathered for, rows, bias rows)
+    _extra_rows = None  # (key, the extra_ids tensor they were gathered for, rows, bias rows): one generate() call
+
+    def release_call_caches(self):
+        """Drops what belongs to one `generate()` call (the rows of its context's tokens); the dispatch calls it
+        when the call returns. The draft vocabulary's own rows stay cached: the next call reuses them."""
+        self._extra_rows = None
 
     def set_draft_vocabulary(self, target_ids):
         """Restricts the drafter's head to `target_ids` (distinct target token ids; saved with the weights)."""
@@ -132,19 +137,29 @@ class DraftHeadMixin:
 class ContextVocabulary:
     """What one `generate()` call adds to a drafter's draft vocabulary (`draft_vocab_context=True`): every token
     of its context outside the saved `draft_to_target`. `update(input_ids)` before each draft reads the tokens
-    committed since the last one; `ids` is then the added ids, ascending (None while there are none)."""
+    committed since the last one; `ids` is then the added ids, ascending (None while there are none).
 
-    def __init__(self, draft_to_target: torch.Tensor, num_rows: int):
+    `prompt_mask` (the prompt's attention mask, (1, P), or None): its masked positions (a left-padded prompt's pad
+    tokens) are not context and add nothing. The added ids are at most the head's rows outside the saved vocabulary,
+    so drafting costs at most what the full head costs; `DFlashStats.draft_vocab_added` reports how many a call
+    added."""
+
+    def __init__(self, draft_to_target: torch.Tensor, num_rows: int, prompt_mask=None):
         self.known = bytearray(num_rows)  # 1 = proposable: in the saved vocabulary or added
         for token in draft_to_target.tolist():
             self.known[token] = 1
         self.added: list = []
         self.ids = None
         self.seen = 0  # positions of input_ids already read
+        self.masked = set()  # prompt positions that are not context (padding)
+        if isinstance(prompt_mask, torch.Tensor) and prompt_mask.dim() == 2 and not bool(prompt_mask.all()):
+            self.masked = set((prompt_mask[0] == 0).nonzero()[:, 0].tolist())
 
     def update(self, input_ids: torch.Tensor):
         """Adds the new context tokens outside the vocabulary; returns `ids` (a new tensor when it grew)."""
-        fresh = {t for t in input_ids[0, self.seen:].tolist() if 0 <= t < len(self.known) and not self.known[t]}
+        tokens = input_ids[0, self.seen:].tolist()
+        fresh = {t for i, t in enumerate(tokens, self.seen)
+                 if 0 <= t < len(self.known) and not self.known[t] and i not in self.masked}
         self.seen = input_ids.shape[1]
         if fresh:
             for token in fresh:
