@@ -56,10 +56,13 @@ def _random_drafter(rng, target):
         drafter.config.max_proposals = rng.randint(1, block_size - 2)
     if rng.random() < 0.25:
         drafter.config.proposal_threshold = rng.choice([0.005, 0.01, 0.02, 0.05])
+    elif rng.random() < 0.3:  # the context lookup (1.0: from slot 1 wherever the context has a match)
+        drafter.config.lookup_threshold = rng.choice([0.02, 0.05, 1.0])
     options = [retrace and "retrace", context != "hidden" and context, fusion != "fc" and fusion,
                variants["step_embeddings"] and "steps", drafter.config.max_proposals and
                f"max{drafter.config.max_proposals}", drafter.config.proposal_threshold and
-               f"thr{drafter.config.proposal_threshold}"]
+               f"thr{drafter.config.proposal_threshold}", drafter.config.lookup_threshold and
+               f"lookup{drafter.config.lookup_threshold}"]
     return drafter, f"B{block_size}/{layers}L" + "".join(f"/{o}" for o in options if o)
 
 

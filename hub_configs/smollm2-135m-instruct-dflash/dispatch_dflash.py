@@ -94,9 +94,9 @@ def _check_builtin_path(drafter, do_sample: bool) -> None:
             "it drafts differently (still lossless). Drop speculation_type to draft as trained.",
             stacklevel=5,
         )
-    ignored = {name: value for name, value in (("max_proposals", getattr(config, "max_proposals", None)),
-                                                ("proposal_threshold", getattr(config, "proposal_threshold", 0.0)))
-               if value not in (None, 0.0, config.block_size - 1)}
+    inert = {"max_proposals": (None, config.block_size - 1), "proposal_threshold": (0.0,), "lookup_threshold": (0.0,)}
+    ignored = {name: getattr(config, name, values[0]) for name, values in inert.items()
+               if getattr(config, name, values[0]) not in values}
     if do_sample and getattr(config, "proposal_policy", "argmax") == "argmax":
         ignored["proposal_policy"] = "argmax"
     if ignored:

@@ -8,7 +8,8 @@ cropping; this generator only proposes. Per round, with the anchor (last committ
 1. context: target features of the positions the last verification forward committed (the whole
    prompt after prefill); the drafter cache keeps keys/values of committed positions only;
 2. one drafter forward on `[anchor, MASK x K]` at positions p..p+K gives K proposals, capped to the
-   remaining budget, cut after the first EOS and before the first token at which another stopping
+   remaining budget (with `lookup_threshold`, the slots from the first unsure one are the context's own
+   continuation, `lookup_dflash`), cut after the first EOS and before the first token at which another stopping
    criterion (stop strings, a custom one) would fire;
 3. the logits the proposals were drawn from (after logits processors) go back for exact sampling;
 4. KVShot (`context="kv"|"hybrid"`): the target's own cache, which transformers has just cropped to the committed
@@ -28,6 +29,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from .kv_dflash import read_target_kv
+from .lookup_dflash import ContextLookup
 from .vocab_dflash import ContextVocabulary
 
 SUPPORTED_TRANSFORMERS = ("5.15.0", "5.25.0")  # [floor, first untested release)
@@ -76,6 +78,7 @@ class DFlashStats:
     conditioned_slots: block slots that received ReTrace memory (0 for plain DFlash).
     drafts: the proposed token ids.
     draft_vocab_added: context tokens this call added to the drafter's draft vocabulary (`draft_vocab_context`).
+    lookup_proposals: proposals of the round that came from the context lookup (`lookup_threshold`; 0 without it).
     """
 
     block_size: int = 0
@@ -84,6 +87,7 @@ class DFlashStats:
     conditioned_slots: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
     draft_vocab_added: int = 0
+    lookup_proposals: list = field(default_factory=list)
 
     @property
     def num_rounds(self) -> int:
@@ -175,14 +179,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         config = self.drafter.config
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
-        self.max_proposals = getattr(config, "max_proposals", None) or self.block_size - 1
-        if self.max_proposals > self.block_size - 1:
-            raise ValueError(
-                f"max_proposals={self.max_proposals} exceeds the block's {self.block_size - 1} proposal slots "
-                f"(block_size {self.block_size}): set drafter.config.max_proposals to 1..{self.block_size - 1}, or "
-                "None for all of them."
-            )
-        self.proposal_threshold = float(getattr(config, "proposal_threshold", 0.0) or 0.0)
+        self.max_proposals, self.proposal_threshold, self.lookup_threshold = _round_limits(config)
         self.layer_ids = list(config.feature_layer_ids)  # target_layer_ids, then any fusion layers
         self.num_target_layers = target.config.get_text_config().num_hidden_layers
         self.use_retrace = self.drafter.retrace is not None
@@ -239,6 +236,8 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.context_vocab = None  # draft_vocab_context: the context's tokens join the draft vocabulary
         if getattr(config, "draft_vocab_context", False) and self.drafter.draft_to_target is not None:
             self.context_vocab = ContextVocabulary(self.drafter.draft_to_target, self.lm_head.weight.shape[0], mask)
+        self.lookup = ContextLookup() if self.lookup_threshold > 0 else None  # lookup_dflash
+        self.splice_at = None  # the slot of the round's first lookup proposal, or None
 
     # -------------------------------------------------------------------------------- protocol
     @torch.no_grad()
@@ -295,13 +294,16 @@ class DFlashCandidateGenerator(CandidateGenerator):
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
         extra = self._context_tokens(input_ids)
         if self.greedy_without_logits:
-            drafts, confidence = self.drafter.greedy_proposals(states, self.lm_head, self.proposal_threshold > 0,
-                                                               extra_ids=extra)
+            drafts, confidence = self.drafter.greedy_proposals(
+                states, self.lm_head, self.proposal_threshold > 0 or self.lookup is not None, extra_ids=extra)
             drafts, logits = drafts.to(input_ids.device), None
         else:
             drafts, logits, confidence = self._proposals_with_logits(input_ids, states, extra)
+        self.splice_at = None
+        if self.lookup is not None:
+            drafts, logits = self._splice_lookup(input_ids, drafts, logits, confidence)
         cut = drafts.shape[1]
-        if confidence is not None:
+        if confidence is not None and self.lookup is None:
             cut = self._confident_prefix(confidence)
         draft_list = drafts[0, :cut].tolist()  # the round's host sync (one more under proposal_threshold)
         if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
@@ -321,6 +323,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return torch.cat([input_ids, drafts], dim=-1), logits
 
     def _open_round(self, num_proposals, conditioned, draft_list):
+        self.stats.lookup_proposals.append(0 if self.splice_at is None else max(0, num_proposals - self.splice_at))
         self.stats.num_proposals.append(num_proposals)
         self.stats.conditioned_slots.append(conditioned)
         self.stats.drafts.append(draft_list)
@@ -331,6 +334,28 @@ class DFlashCandidateGenerator(CandidateGenerator):
         the first slot below the threshold (0 when slot 1 is already unsure: the round is then a plain target step)."""
         low = (confidence < self.proposal_threshold).nonzero()
         return int(low[0]) if len(low) else confidence.shape[0]
+
+    def _splice_lookup(self, input_ids, drafts, logits, confidence):
+        """(drafts, logits) with the slots from the first one whose drafter top probability (`confidence`, (K',)) is
+        below `lookup_threshold` replaced by the context lookup's continuation, where it has one (`lookup_dflash`).
+        A replaced slot's q is a point mass on its proposal: the proposal is a function of the context and the
+        proposals before it, and the slot was chosen from the drafter's distributions alone."""
+        self.lookup.update(input_ids)
+        unsure = (confidence < self.lookup_threshold).nonzero()
+        if not len(unsure):
+            return drafts, logits
+        at = int(unsure[0])
+        copied = self.lookup.continuation(drafts[0, :at].tolist(), drafts.shape[1] - at)
+        if not copied:
+            return drafts, logits
+        self.splice_at = at
+        tail = torch.tensor([copied], dtype=drafts.dtype, device=drafts.device)
+        drafts = torch.cat([drafts[:, :at], tail], dim=-1)
+        if logits is not None:
+            point = torch.full((1, len(copied), logits.shape[-1]), float("-inf"), dtype=logits.dtype,
+                               device=logits.device).scatter_(-1, tail[..., None].to(logits.device), 0.0)
+            logits = torch.cat([logits[:, :at], point], dim=1)
+        return drafts, logits
 
     def _cut_before_stop(self, input_ids, drafts, cut):
         """Proposals to keep so that no stopping criterion fires before the last token a round commits.
@@ -371,10 +396,13 @@ class DFlashCandidateGenerator(CandidateGenerator):
     def _proposals_with_logits(self, input_ids, states, extra=None):
         """(drafts, the q transformers verifies them against, each draft's drafter probability or None)."""
         logits = self.drafter.compute_logits(states, self.lm_head, extra).to(input_ids.device, torch.float32)
-        probs = logits.softmax(dim=-1) if self.proposal_threshold > 0 else None  # before processors touch it
+        wanted = self.proposal_threshold > 0 or self.lookup is not None
+        probs = logits.softmax(dim=-1) if wanted else None  # before processors touch it
         drafts, logits = self._propose(input_ids, logits)
         if probs is None:
             return drafts, logits, None
+        if self.lookup is not None:  # the lookup's slot follows the distributions, never a sampled proposal
+            return drafts, logits, probs[0].max(dim=-1).values
         confidence = probs[0].gather(-1, drafts[0, :, None].to(probs.device))[:, 0]
         if self.proposal_policy == "sample":
             # The threshold cuts at the first sampled proposal below it, so a verified proposal was drawn from q
@@ -426,6 +454,26 @@ class DFlashCandidateGenerator(CandidateGenerator):
         u = target_final[:, index.to(target_final.device)].to(self.device, self.dtype)
         conditioned = min(num_old - 1 - accepted, block_len - 1)
         return ReTraceMemory(drafter_states=m, target_states=u, valid=valid[None]), conditioned
+
+
+def _round_limits(config) -> tuple:
+    """(max_proposals, proposal_threshold, lookup_threshold) of a drafter config, after the checks across them."""
+    block_size = config.block_size
+    max_proposals = getattr(config, "max_proposals", None) or block_size - 1
+    if max_proposals > block_size - 1:
+        raise ValueError(
+            f"max_proposals={max_proposals} exceeds the block's {block_size - 1} proposal slots (block_size "
+            f"{block_size}): set drafter.config.max_proposals to 1..{block_size - 1}, or None for all of them."
+        )
+    proposal_threshold = float(getattr(config, "proposal_threshold", 0.0) or 0.0)
+    lookup_threshold = float(getattr(config, "lookup_threshold", 0.0) or 0.0)
+    if lookup_threshold > 0 and proposal_threshold > 0:
+        raise ValueError(
+            f"lookup_threshold={lookup_threshold} and proposal_threshold={proposal_threshold} both act at the "
+            "drafter's first unsure slot (one copies the context from there, the other stops proposing): set one "
+            "of them to 0."
+        )
+    return max_proposals, proposal_threshold, lookup_threshold
 
 
 def _target_cache(model_kwargs):

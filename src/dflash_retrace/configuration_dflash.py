@@ -113,6 +113,13 @@ def check_option(name: str, value) -> None:
             f"proposal_threshold must be a number in [0, 1), got {value!r}: a round stops proposing before the first "
             "slot whose proposal has a drafter probability below it; 0 proposes every slot."
         )
+    if name == "lookup_threshold" and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0
+    ):
+        raise ValueError(
+            f"lookup_threshold must be a number in [0, 1], got {value!r}: from the first slot whose drafter top "
+            "probability is below it, a round proposes the context's own continuation (see lookup_dflash); 0 is off."
+        )
     if name == "hidden_act" and value not in ACT2FN:
         raise ValueError(f"hidden_act={value!r} is not an activation transformers knows (e.g. 'silu', 'gelu').")
 
@@ -165,6 +172,12 @@ class DFlashConfig(PretrainedConfig):
             temperature / top-k / top-p); a round whose first proposal is already unsure proposes nothing and the
             target takes a plain step. 0 proposes every slot. Verification is unchanged, so greedy and sampled
             output stay exact.
+        lookup_threshold (`float`, defaults to 0.0):
+            Context lookup (see `lookup_dflash`): from the first slot whose drafter distribution has its top
+            probability below this value, a round proposes the tokens that followed the latest earlier occurrence of
+            the block's last 3 (else 2) tokens in the context (prompt, output so far, the proposals kept), where
+            there is one; elsewhere the drafter's proposals. 0 is off. Cannot be combined with
+            `proposal_threshold`. Verification is unchanged, so greedy and sampled output stay exact.
         context (`str`, defaults to `"hidden"`):
             What the drafter's layers attend to (KVShot, see `kv_dflash`): `"hidden"` the fused target hidden
             states (DFlash), `"kv"` the target's KV cache of `kv_layer_ids` instead, `"hybrid"` both (the KV part
@@ -224,6 +237,7 @@ class DFlashConfig(PretrainedConfig):
         proposal_policy: str = "argmax",
         max_proposals: int | None = None,
         proposal_threshold: float = 0.0,
+        lookup_threshold: float = 0.0,
         input_embedding_scale: float | None = None,
         output_multiplier: float | None = None,
         final_logit_softcapping: float | None = None,
@@ -270,9 +284,8 @@ class DFlashConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.retrace, self.retrace_beta = bool(retrace), float(retrace_beta)
         self.step_embeddings = step_embeddings
-        self.proposal_policy = proposal_policy
-        self.max_proposals = max_proposals
-        self.proposal_threshold = proposal_threshold
+        self.proposal_policy, self.max_proposals = proposal_policy, max_proposals  # each checked by __setattr__
+        self.proposal_threshold, self.lookup_threshold = proposal_threshold, lookup_threshold
         self.input_embedding_scale = float(input_embedding_scale)
         self.output_multiplier = float(output_multiplier)
         self.final_logit_softcapping = final_logit_softcapping

@@ -131,6 +131,9 @@ class MeasureOptions:
                                              "max_proposals; --compare drafters keep their own)")
     proposal_threshold: float | None = option(None, "adaptive rounds for --drafter: stop before the first slot "
                                                     "whose drafter probability is below this (slot 1: a plain step)")
+    lookup_threshold: float | None = option(None, "context lookup for --drafter: from the first slot whose drafter "
+                                                  "top probability is below this, propose the context's own "
+                                                  "continuation (0: off; --compare drafters keep their own)")
     enable_thinking: bool = option(False, "thinking on in chat templates that support it")
     progress: bool = option(True, "progress bar")
 
@@ -410,7 +413,7 @@ def _load(target, drafter, cfg: BenchConfig, tokenizer, notes: list) -> tuple:
     names["drafter"] = os.fspath(drafter) if isinstance(drafter, (str, os.PathLike)) else _name(drafter)
     if isinstance(drafter, (str, os.PathLike)):
         drafter = load_drafter(drafter, target, cfg.seed)
-    for name in ("max_proposals", "proposal_threshold"):  # the main drafter only: --compare keeps its own
+    for name in ("max_proposals", "proposal_threshold", "lookup_threshold"):  # the main drafter only: --compare keeps its own
         if getattr(cfg, name) is not None:
             setattr(drafter.config, name, getattr(cfg, name))
     if names["untrained"]:
@@ -481,6 +484,7 @@ def _run_benchmark(target, drafter, cfg: BenchConfig, tokenizer) -> dict:
             "block_sizes": methods.block_sizes,
             "max_proposals": getattr(drafter.config, "max_proposals", None),  # the main drafter's, as it ran
             "proposal_threshold": getattr(drafter.config, "proposal_threshold", 0.0),
+            "lookup_threshold": getattr(drafter.config, "lookup_threshold", 0.0),
             "cudnn_sdpa": torch.backends.cuda.cudnn_sdp_enabled() if device.type == "cuda" else None,
         },
         "environment": environment(device, dtype, cfg.seed),

@@ -157,7 +157,7 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
             matches -= 1  # transformers leaves a stopping candidate's last token to the target (it commits the same)
         if seq_len + matches >= end and end < full.shape[1]:  # the round would cross the near-tie: not counted
             if generator.round_open:
-                for log in (stats.num_proposals, stats.conditioned_slots, stats.drafts):
+                for log in (stats.num_proposals, stats.conditioned_slots, stats.drafts, stats.lookup_proposals):
                     log.pop()
             break
         rounds = len(stats.acceptance_lengths)
@@ -169,7 +169,8 @@ def replay_turn(target, drafter, input_ids: torch.Tensor, new_ids: list, max_new
         seq_len += matches + 1
     outside = None if proposable is None else {"tokens": outside_tokens, "rounds": int(ended_outside)}
     return {"acceptance_lengths": list(stats.acceptance_lengths), "num_proposals": list(stats.num_proposals),
-            "drafts": list(stats.drafts), "drafter_s": drafter_s, "replayed_tokens": seq_len - prompt_len,
+            "lookup_proposals": list(stats.lookup_proposals), "drafts": list(stats.drafts), "drafter_s": drafter_s,
+            "replayed_tokens": seq_len - prompt_len,
             "cut_at": cut_at, "outside_vocab": outside}
 
 
@@ -245,6 +246,20 @@ def _outside_vocab(prompt_rows: list, name: str, rounds: int) -> dict | None:
             "round_share": sum(c["rounds"] for c in counts if c) / rounds if rounds else None}
 
 
+def _lookup_share(prompt_rows: list, name: str) -> dict | None:
+    """Proposals from the context lookup (`lookup_threshold`) and how many the target accepted (a round's lookup
+    proposals are its last ones); None where the drafter made none."""
+    rounds = [(a, k, n) for p in prompt_rows for a, k, n in zip(p["drafters"][name]["acceptance_lengths"],
+                                                                 p["drafters"][name]["num_proposals"],
+                                                                 p["drafters"][name].get("lookup_proposals") or [])]
+    proposals = sum(n for _, _, n in rounds)
+    if not proposals:
+        return None
+    accepted = sum(max(0, a - 1 - (k - n)) for a, k, n in rounds)
+    return {"proposals": proposals, "accepted": accepted,
+            "rounds_with_lookup": sum(n > 0 for _, _, n in rounds) / len(rounds)}
+
+
 def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
     methods = {}
     for name in names:
@@ -257,6 +272,7 @@ def _summary(prompt_rows: list, names: list, block_sizes: dict) -> dict:
         summary["rounds_without_proposals"] = sum(k == 0 for ks in proposals for k in ks) / rounds if rounds else None
         summary["proposals_per_round"] = sum(map(sum, proposals)) / rounds if rounds else None
         summary["outside_draft_vocab"] = _outside_vocab(prompt_rows, name, rounds)
+        summary["context_lookup"] = _lookup_share(prompt_rows, name)
         methods[name] = summary
     ratios = {}
     for name in names[1:]:
@@ -272,8 +288,8 @@ def _replay_item(target, tokenizer, drafters: dict, item: dict, references: Refe
                  needs_kv: bool) -> dict:
     """Every turn of one prompt: its reference, one target forward, and each drafter's replay on it."""
     row = {"id": item["id"], "turns": len(item["turns"]), "prompt_tokens": [], "new_tokens": [], "cut_at": [],
-           "drafters": {label: {"acceptance_lengths": [], "num_proposals": [], "drafter_s": 0.0, "outside_vocab": None}
-                        for label in drafters}}
+           "drafters": {label: {"acceptance_lengths": [], "num_proposals": [], "lookup_proposals": [], "drafter_s": 0.0,
+                                "outside_vocab": None} for label in drafters}}
     messages = []
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
@@ -286,6 +302,7 @@ def _replay_item(target, tokenizer, drafters: dict, item: dict, references: Refe
             entry = row["drafters"][label]
             entry["acceptance_lengths"] += result["acceptance_lengths"]
             entry["num_proposals"] += result["num_proposals"]
+            entry["lookup_proposals"] += result["lookup_proposals"]
             entry["drafter_s"] += result["drafter_s"]
             if result["outside_vocab"] is not None:
                 old = entry["outside_vocab"] or {"tokens": 0, "rounds": 0}
@@ -308,7 +325,8 @@ def run_replay(target, drafter, config: ReplayConfig | None = None, tokenizer=No
                         "pass the other settings by keyword (dataset=..., max_samples=...).")
     cfg = ReplayConfig(**{**(vars(config) if config else {}), **overrides})
     bench_cfg = BenchConfig(device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, max_proposals=cfg.max_proposals,
-                            proposal_threshold=cfg.proposal_threshold, compare=cfg.compare)
+                            proposal_threshold=cfg.proposal_threshold, lookup_threshold=cfg.lookup_threshold,
+                            compare=cfg.compare)
     notes = []
     target, tokenizer, drafter, compared, names = _load(target, drafter, bench_cfg, tokenizer, notes)
     drafters = {MAIN: drafter, **compared}
@@ -351,6 +369,7 @@ def run_replay(target, drafter, config: ReplayConfig | None = None, tokenizer=No
             "block_sizes": block_sizes,
             "max_proposals": getattr(drafter.config, "max_proposals", None),
             "proposal_threshold": getattr(drafter.config, "proposal_threshold", 0.0),
+            "lookup_threshold": getattr(drafter.config, "lookup_threshold", 0.0),
         },
         "environment": environment(device, dtype, cfg.seed),
         "definitions": DEFINITIONS,
@@ -392,6 +411,11 @@ def format_replay(report: dict) -> str:
         lines.append(f"| {label} ({config['drafters'][label]}) | {tau} | {cell} | {slots} | {per} | {ms} |")
     outside = [(label, m["outside_draft_vocab"]) for label, m in summary["methods"].items()
                if m.get("outside_draft_vocab") and m["outside_draft_vocab"]["token_share"] is not None]
+    lookups = [(label, m["context_lookup"]) for label, m in summary["methods"].items() if m.get("context_lookup")]
+    if lookups:
+        lines += ["", "context lookup: " + "; ".join(
+            f"{label} {o['proposals']} proposals in {o['rounds_with_lookup']:.1%} of the rounds, {o['accepted']} accepted"
+            for label, o in lookups)]
     if outside:
         lines += ["", "draft vocabulary, the target's tokens it cannot propose: " + "; ".join(
             f"{label} {o['token_share']:.1%} of the tokens, {o['round_share']:.1%} of the rounds end at one"
