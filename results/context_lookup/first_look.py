@@ -1,7 +1,10 @@
-"""The first look at context lookup (a throwaway, kept as it ran): replays drafting policies (DFlash, a lookup alone, the better of the two per round, and splices at several thresholds) on plain greedy outputs, each policy with its own rounds. Run once on HumanEval's first 32 prompts (an evaluation set), then on the held-out splits; the threshold was chosen with `heldout.sh` (the library's replay) only.
+"""The first look at context lookup (a throwaway, kept as it ran): replays drafting policies on plain greedy outputs,
+each policy with its own rounds: DFlash, a lookup alone, the better of the two per round, and splices at several
+thresholds. Run once on HumanEval's first 32 prompts (an evaluation set), then on the held-out splits; the threshold
+was chosen with `heldout.sh` (the library's replay) only.
 
     REFS=refs.jsonl python results/context_lookup/first_look.py DRAFTER DATASET N OUT.json dflash,lookup,oracle,splice0.5
-outputs, several drafting policies, each with its own round positions."""
+"""
 import json, sys, time
 from types import SimpleNamespace
 import copy
