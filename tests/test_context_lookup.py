@@ -44,6 +44,33 @@ def test_incremental_updates_index_as_one_update():
         assert whole.continuation(kept, 5) == parts.continuation(kept, 5)
 
 
+def _naive_continuation(tokens, orders, kept, count):
+    """The rule as stated, on one list: the latest earlier occurrence of the last n tokens, longest n first."""
+    sequence = tokens + kept
+    for n in sorted(orders, reverse=True):
+        if len(sequence) > n:
+            found = next((e for e in range(len(sequence) - 1, n - 1, -1) if sequence[e - n:e] == sequence[-n:]), None)
+            if found is not None:
+                return sequence[found:found + count]
+    return []
+
+
+@pytest.mark.parametrize("orders", [(3, 2), (4, 3, 2), (2,), (3, 2, 1)])
+def test_continuation_equals_the_rule_on_random_contexts(orders):
+    """The index and the short window over the context's end give what one search over context + kept gives."""
+    g = torch.Generator().manual_seed(sum(orders))
+    for case in range(300):
+        vocab = 2 + case % 5  # few ids: many repeats
+        tokens = torch.randint(0, vocab, (1, int(torch.randint(0, 30, (1,), generator=g))), generator=g)
+        kept = torch.randint(0, vocab, (int(torch.randint(0, 8, (1,), generator=g)),), generator=g).tolist()
+        lookup = ContextLookup(orders)
+        for end in sorted({int(torch.randint(0, tokens.shape[1] + 1, (1,), generator=g)), tokens.shape[1]}):
+            lookup.update(tokens[:, :end])
+        for count in (1, 3, 7):
+            assert lookup.continuation(kept, count) == _naive_continuation(tokens[0].tolist(), orders, kept, count), (
+                tokens.tolist(), kept, count)
+
+
 def _lookup_prompts():
     return [REPEATS, REPEATS[:, :7]] + prompts(4, length=9, seed=21)
 
@@ -117,6 +144,35 @@ def test_the_lookups_q_is_a_point_mass_on_its_proposal(qwen3_target, qwen3_draft
             spread += len(finite) > 1
     assert spliced > 0
     assert (spread > 0) == (policy == "sample")
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_recorded_drafts_are_the_verified_candidates(qwen3_target, qwen3_drafter, sample, monkeypatch):
+    """The round's host copy of its drafts (which the EOS cut reads, and `DFlashStats.drafts` records) is what goes to
+    verification, spliced slots included."""
+    drafter = copy.deepcopy(qwen3_drafter)
+    drafter.config.lookup_threshold = 0.9
+    verified = []
+    original = DFlashCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        rounds = len(self.stats.drafts)
+        candidates, logits = original(self, input_ids, *args, **kwargs)
+        if len(self.stats.drafts) > rounds:  # a drafting round (the call that only prefills records none)
+            verified.append(candidates[0, input_ids.shape[1]:].tolist())
+        return candidates, logits
+
+    monkeypatch.setattr(DFlashCandidateGenerator, "get_candidates", spy)
+    looked = 0
+    # sampled answers rarely repeat the context: the self-repeating prompt, several seeds
+    cases = [(seed, REPEATS) for seed in range(6)] if sample else list(enumerate(_lookup_prompts()))
+    for seed, prompt in cases:
+        torch.manual_seed(seed)
+        verified.clear()
+        qwen3_target.generate(prompt, assistant_model=drafter, do_sample=sample, max_new_tokens=30)
+        assert drafter.last_stats.drafts == verified
+        looked += sum(drafter.last_stats.lookup_proposals)
+    assert looked > 0
 
 
 def test_replay_equals_generate_with_lookup(qwen3_target, qwen3_drafter, train_prompts):

@@ -358,13 +358,14 @@ def test_a_left_padded_prompts_pad_id_is_never_proposed(context_pair, train_prom
         if pad not in saved and pad not in ref[0, 4:].tolist():
             break
     vocabularies = []
-    original = ContextVocabulary.update
+    original = ContextVocabulary.extend
 
-    def spy(self, input_ids):
-        vocabularies.append((self, input_ids.shape[1]))
-        return original(self, input_ids)
+    def spy(self, tokens, device=None):
+        ids = original(self, tokens, device)
+        vocabularies.append((self, self.seen))
+        return ids
 
-    monkeypatch.setattr(ContextVocabulary, "update", spy)
+    monkeypatch.setattr(ContextVocabulary, "extend", spy)
     out = target.generate(prompt, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=30)
     assert torch.equal(ref, out)
     vocab, read = vocabularies[-1]

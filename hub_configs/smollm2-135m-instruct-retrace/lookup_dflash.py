@@ -21,8 +21,9 @@ ORDERS = (3, 2)  # n-gram lengths matched, longest first
 
 
 class ContextLookup:
-    """The context of one `generate()` call, indexed by its n-grams. `update(input_ids)` before each draft reads the
-    tokens committed since the last one; `continuation(kept, count)` is the lookup proposal after them."""
+    """The context of one `generate()` call, indexed by its n-grams. `extend(tokens)` (or `update(input_ids)`) before
+    each draft adds the tokens committed since the last one; `continuation(kept, count)` is the lookup proposal after
+    them."""
 
     def __init__(self, orders: tuple = ORDERS):
         self.orders = tuple(sorted(orders, reverse=True))
@@ -31,8 +32,13 @@ class ContextLookup:
         self.latest = {n: {} for n in self.orders}
 
     def update(self, input_ids) -> None:
+        """Reads the tokens of `input_ids` (1, L) past those already indexed."""
+        self.extend(input_ids[0, len(self.tokens):].tolist())
+
+    def extend(self, new: list) -> None:
+        """Indexes `new`, the context's next tokens (the generator reads them to the host once a round)."""
         start = len(self.tokens)
-        self.tokens += input_ids[0, start:].tolist()
+        self.tokens += new
         for e in range(max(start, 1), len(self.tokens)):  # n-grams ending at e now have a token after them
             for n in self.orders:
                 if e >= n:
@@ -43,18 +49,25 @@ class ContextLookup:
         `kept` (the longest n of `orders` that occurs), taken from context + `kept`; [] if none occurs."""
         if count <= 0:
             return []
-        sequence = self.tokens + list(kept)
-        end = len(sequence)
+        kept = list(kept)
+        committed = len(self.tokens)
+        end = committed + len(kept)
+        # The last `max(orders)` committed tokens and the kept proposals: every window the search below reads past
+        # the index, without copying the whole context each round. Position i of context + kept is recent[i - offset].
+        offset = max(0, committed - self.orders[0])
+        recent = self.tokens[offset:] + kept
         for n in self.orders:
             if end <= n:
                 continue
-            query = sequence[end - n:]
+            query = recent[end - n - offset:]
             # Occurrences ending at or after the committed context's end (inside `kept`, not yet indexed) are later
             # than any indexed one: look there first.
-            found = next((e for e in range(end - 1, max(len(self.tokens), n) - 1, -1)
-                          if sequence[e - n:e] == query), None)
-            if found is None:
-                found = self.latest[n].get(tuple(query))
+            found = next((e for e in range(end - 1, max(committed, n) - 1, -1)
+                          if recent[e - n - offset:e - offset] == query), None)
             if found is not None:
-                return sequence[found:found + count]
+                return recent[found - offset:found - offset + count]
+            found = self.latest[n].get(tuple(query))
+            if found is not None:  # an indexed occurrence: what followed it, running on into `kept` if needed
+                head = self.tokens[found:found + count]
+                return head + kept[:count - len(head)]
         return []

@@ -136,8 +136,8 @@ class DraftHeadMixin:
 
 class ContextVocabulary:
     """What one `generate()` call adds to a drafter's draft vocabulary (`draft_vocab_context=True`): every token
-    of its context outside the saved `draft_to_target`. `update(input_ids)` before each draft reads the tokens
-    committed since the last one; `ids` is then the added ids, ascending (None while there are none).
+    of its context outside the saved `draft_to_target`. `extend(tokens)` (or `update(input_ids)`) before each draft
+    adds the tokens committed since the last one; `ids` is then the added ids, ascending (None while there are none).
 
     `prompt_mask` (the prompt's attention mask, (1, P), or None): its masked positions (a left-padded prompt's pad
     tokens) are not context and add nothing. The added ids are at most the head's rows outside the saved vocabulary,
@@ -156,16 +156,20 @@ class ContextVocabulary:
             self.masked = set((prompt_mask[0] == 0).nonzero()[:, 0].tolist())
 
     def update(self, input_ids: torch.Tensor):
-        """Adds the new context tokens outside the vocabulary; returns `ids` (a new tensor when it grew)."""
-        tokens = input_ids[0, self.seen:].tolist()
+        """Adds the new context tokens of `input_ids` (1, L) outside the vocabulary; returns `ids`."""
+        return self.extend(input_ids[0, self.seen:].tolist(), input_ids.device)
+
+    def extend(self, tokens: list, device=None):
+        """Adds the context's next `tokens` (read to the host once a round by the generator) where they lie outside the
+        vocabulary; returns `ids` (a new tensor on `device` when it grew)."""
         fresh = {t for i, t in enumerate(tokens, self.seen)
                  if 0 <= t < len(self.known) and not self.known[t] and i not in self.masked}
-        self.seen = input_ids.shape[1]
+        self.seen += len(tokens)
         if fresh:
             for token in fresh:
                 self.known[token] = 1
                 bisect.insort(self.added, token)
-            self.ids = torch.tensor(self.added, dtype=torch.long, device=input_ids.device)
+            self.ids = torch.tensor(self.added, dtype=torch.long, device=device)
         return self.ids
 
     def proposable(self, token: int) -> bool:

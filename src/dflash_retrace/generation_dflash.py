@@ -237,6 +237,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
         if getattr(config, "draft_vocab_context", False) and self.drafter.draft_to_target is not None:
             self.context_vocab = ContextVocabulary(self.drafter.draft_to_target, self.lm_head.weight.shape[0], mask)
         self.lookup = ContextLookup() if self.lookup_threshold > 0 else None  # lookup_dflash
+        self.context_read = 0  # positions of input_ids the context vocabulary and the lookup have read
         self.splice_at = None  # the slot of the round's first lookup proposal, or None
 
     # -------------------------------------------------------------------------------- protocol
@@ -292,20 +293,19 @@ class DFlashCandidateGenerator(CandidateGenerator):
         self.cache.crop(self.context_length)  # the block's keys/values never stay
 
         states = out.last_hidden_state[:, 1 : 1 + num_proposals]  # (1, K', H) slots 1..K'
-        extra = self._context_tokens(input_ids)
+        extra = self._read_context(input_ids)
         if self.greedy_without_logits:
             drafts, confidence = self.drafter.greedy_proposals(
                 states, self.lm_head, self.proposal_threshold > 0 or self.lookup is not None, extra_ids=extra)
             drafts, logits = drafts.to(input_ids.device), None
         else:
             drafts, logits, confidence = self._proposals_with_logits(input_ids, states, extra)
-        self.splice_at = None
-        if self.lookup is not None:
-            drafts, logits = self._splice_lookup(input_ids, drafts, logits, confidence)
-        cut = drafts.shape[1]
-        if confidence is not None and self.lookup is None:
-            cut = self._confident_prefix(confidence)
-        draft_list = drafts[0, :cut].tolist()  # the round's host sync (one more under proposal_threshold)
+        self.splice_at, draft_list = None, None
+        if self.lookup is not None:  # the lookup reads the drafts to the host itself: its one sync of the round
+            drafts, logits, draft_list = self._splice_lookup(drafts, logits, confidence)
+        cut = self._confident_prefix(confidence) if confidence is not None and self.lookup is None else drafts.shape[1]
+        if draft_list is None:  # the round's host sync (one more under proposal_threshold)
+            draft_list = drafts[0, :cut].tolist()
         if self.eos_ids:  # nothing after an EOS can be committed; transformers ends on an accepted EOS
             cut = next((k + 1 for k, token in enumerate(draft_list) if token in self.eos_ids), cut)
         if self.stopping_criteria:
@@ -335,19 +335,19 @@ class DFlashCandidateGenerator(CandidateGenerator):
         low = (confidence < self.proposal_threshold).nonzero()
         return int(low[0]) if len(low) else confidence.shape[0]
 
-    def _splice_lookup(self, input_ids, drafts, logits, confidence):
-        """(drafts, logits) with the slots from the first one whose drafter top probability (`confidence`, (K',)) is
-        below `lookup_threshold` replaced by the context lookup's continuation, where it has one (`lookup_dflash`).
-        A replaced slot's q is a point mass on its proposal: the proposal is a function of the context and the
-        proposals before it, and the slot was chosen from the drafter's distributions alone."""
-        self.lookup.update(input_ids)
-        unsure = (confidence < self.lookup_threshold).nonzero()
-        if not len(unsure):
-            return drafts, logits
-        at = int(unsure[0])
-        copied = self.lookup.continuation(drafts[0, :at].tolist(), drafts.shape[1] - at)
+    def _splice_lookup(self, drafts, logits, confidence):
+        """(drafts, logits, the drafts as a list) with the slots from the first one whose drafter top probability
+        (`confidence`, (K',)) is below `lookup_threshold` replaced by the context lookup's continuation, where it has
+        one (`lookup_dflash`). A replaced slot's q is a point mass on its proposal: the proposal is a function of the
+        context and the proposals before it, and the slot was chosen from the drafter's distributions alone."""
+        count = drafts.shape[1]
+        unsure = (confidence < self.lookup_threshold).to(drafts.device, drafts.dtype)
+        row = torch.cat([drafts[0], unsure]).tolist()  # one host read: the proposals and which slots are unsure
+        proposals = row[:count]
+        at = next((k for k, flag in enumerate(row[count:]) if flag), None)
+        copied = [] if at is None else self.lookup.continuation(proposals[:at], count - at)
         if not copied:
-            return drafts, logits
+            return drafts, logits, proposals
         self.splice_at = at
         tail = torch.tensor([copied], dtype=drafts.dtype, device=drafts.device)
         drafts = torch.cat([drafts[:, :at], tail], dim=-1)
@@ -355,7 +355,7 @@ class DFlashCandidateGenerator(CandidateGenerator):
             point = torch.full((1, len(copied), logits.shape[-1]), float("-inf"), dtype=logits.dtype,
                                device=logits.device).scatter_(-1, tail[..., None].to(logits.device), 0.0)
             logits = torch.cat([logits[:, :at], point], dim=1)
-        return drafts, logits
+        return drafts, logits, proposals[:at] + copied
 
     def _cut_before_stop(self, input_ids, drafts, cut):
         """Proposals to keep so that no stopping criterion fires before the last token a round commits.
@@ -385,11 +385,19 @@ class DFlashCandidateGenerator(CandidateGenerator):
         return vocab is None or bool((vocab == token).any())
 
     # ---------------------------------------------------------------------------------- pieces
-    def _context_tokens(self, input_ids):
-        """The context's token ids outside the draft vocabulary (ascending), or None (none, or not asked for)."""
+    def _read_context(self, input_ids):
+        """Reads the tokens committed since the last round to the host once, for the context vocabulary and the
+        lookup; returns the context's token ids outside the draft vocabulary (ascending), or None (none, or not asked
+        for)."""
+        if self.context_vocab is None and self.lookup is None:
+            return None
+        new = input_ids[0, self.context_read:].tolist()
+        self.context_read = input_ids.shape[1]
+        if self.lookup is not None:
+            self.lookup.extend(new)
         if self.context_vocab is None:
             return None
-        extra = self.context_vocab.update(input_ids)
+        extra = self.context_vocab.extend(new, input_ids.device)
         self.stats.draft_vocab_added = len(self.context_vocab.added)
         return extra
 
