@@ -23,12 +23,14 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 # Measured τ (bonus included) on these 3 prompts x 32 tokens, greedy, fp32, 1 thread:
-# - shipped now: 1.73 for the DFlash drafter (run 24, also the WIP checkpoint) over 52 rounds and 1.70 for its
-#   ReTrace stage over 53 (run 17, never shipped, gave 1.72 over 53);
-# - shipped before: 1.73 / 1.73 for run 21 and its ReTrace stage, 1.70 / 1.70 for run 20 and its ReTrace stage, 1.75 / 1.72 for run 19 and its ReTrace stage, 1.65 / 1.62 for run 18 and its ReTrace stage, 1.72 / 1.69 for run 16 and its stage, 1.72 / 1.75
-#   for run 15 and its stage, 1.50 / 1.48 for run 8 and its stage, and 1.25 / 1.23 for the drafters shipped before
-#   issue 13 (model cards: the benchmarks).
-# Three short prompts do not rank runs 15 to 24 (the full sets do: results/wip_run16/ to results/wip_run24/). The floor
+# - shipped now (run 29 with `draft_vocab_context` and the context lookup at 0.6, results/ship29/): 1.78 for the
+#   DFlash drafter over 51 rounds and 1.75 for its ReTrace stage over 52 (17 proposals from the lookup each); the WIP
+#   checkpoint (run 29 as trained: neither option) 1.75 over 52 rounds;
+# - shipped before: 1.73 / 1.70 for run 24 and its ReTrace stage, 1.73 / 1.73 for run 21 and its stage, 1.70 / 1.70
+#   for run 20 and its stage, 1.75 / 1.72 for run 19 and its stage, 1.65 / 1.62 for run 18 and its stage, 1.72 / 1.69
+#   for run 16 and its stage, 1.72 / 1.75 for run 15 and its stage, 1.50 / 1.48 for run 8 and its stage, and
+#   1.25 / 1.23 for the drafters shipped before issue 13 (model cards: the benchmarks).
+# Three short prompts do not rank runs 15 to 29 (the full sets do: results/wip_run16/ to results/wip_run28/). The floor
 # sits below the shipped ones with margin and above every drafter before run 15: drafting must really accept tokens,
 # at today's level.
 TAU_FLOOR = 1.55
@@ -62,9 +64,12 @@ def test_shipped_drafter_is_lossless_and_drafts(smollm2, folder):
     drafter = DFlashDrafter.from_pretrained(folder, dtype=torch.float32).eval()
     if folder == RETRACE:
         assert drafter.retrace is not None, "the shipped ReTrace drafter lost its ReTrace weights"
-    # all three propose from the 8,192-token draft vocabulary (the WIP checkpoint is the lineage the shipped one came from)
-    assert drafter.config.draft_vocab_size == 8192 and drafter.draft_to_target.numel() == 8192
-    lengths = []
+    # all three propose from the 16,384-token draft vocabulary (the WIP checkpoint is the lineage the shipped one came
+    # from); the shipped two add the prompt's tokens to it and splice in the context lookup, the WIP one is as trained
+    assert drafter.config.draft_vocab_size == 16384 and drafter.draft_to_target.numel() == 16384
+    shipped = folder != WIP
+    assert drafter.config.draft_vocab_context is shipped and drafter.config.lookup_threshold == (0.6 if shipped else 0)
+    lengths, looked_up = [], 0
     with torch.no_grad():
         for text in PROMPTS:
             ids = _ids(tokenizer, text)
@@ -74,8 +79,10 @@ def test_shipped_drafter_is_lossless_and_drafts(smollm2, folder):
                                    assistant_model=drafter)
             assert fast[0].tolist() == plain[0].tolist(), f"{folder.name} changed the greedy output for {text!r}"
             lengths += drafter.last_stats.acceptance_lengths
+            looked_up += sum(drafter.last_stats.lookup_proposals)
     tau = sum(lengths) / len(lengths)
-    print(f"{folder.name}: tau={tau:.2f} over {len(lengths)} rounds")
+    print(f"{folder.name}: tau={tau:.2f} over {len(lengths)} rounds, {looked_up} proposals from the context lookup")
+    assert (looked_up > 0) is shipped, f"{folder.name}: {looked_up} lookup proposals (lookup_threshold on: {shipped})"
     assert tau > TAU_FLOOR, f"{folder.name}: τ={tau:.2f} is not above the floor {TAU_FLOOR}"
 
 

@@ -1,7 +1,8 @@
 """The shipped DFlash drafter with the target's full LM head instead of its draft vocabulary (same weights).
 
 z-lab's loop has no draft vocabulary, so `bench --baselines` compares our generator with it on this copy:
-`draft_vocab_size` dropped and the `draft_to_target` index removed (the head is the target's own rows either way).
+`draft_vocab_size` dropped and the `draft_to_target` index removed (the head is the target's own rows either way),
+and the context lookup turned off (`lookup_threshold` 0: z-lab's loop has none, so the two loops draft the same).
 
     python results/ship13/full_head.py hub_configs/smollm2-135m-instruct-dflash OUT_DIR
 """
@@ -18,6 +19,7 @@ from dflash_retrace import DFlashConfig, DFlashDrafter
 def main(src: str, out: str) -> None:
     config = DFlashConfig.from_pretrained(src)
     config.draft_vocab_size = None
+    config.lookup_threshold = 0.0
     state = load_file(Path(src) / "model.safetensors")
     state.pop("draft_to_target")
     drafter = DFlashDrafter(config)

@@ -1,4 +1,4 @@
-"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 24 and its ReTrace stage).
+"""Writes the training-data manifest of the shipped SmolLM2 drafters (issue 13: run 29 and its ReTrace stage).
 
 Every file a run of the lineage trained on is committed under data/smollm2-135m-instruct/ (the regenerated answers)
 or rebuilt by the commands of its README (the source-text rows); this records their sha256, row counts, the
@@ -25,10 +25,12 @@ def main(out: str) -> None:
                             "rows": sum(1 for _ in gzip.decompress(raw).splitlines())}
     manifests = {p.name: json.loads(p.read_text()) for p in sorted(DATA.glob("*.manifest.json"))}
     manifest = {
+        # slot-tokens: runs 1-24 ~140.5M (checkpoints/smollm2-135m-instruct-dflash-b8-wip/README.md), then the
+        # last slot_tokens of each train_log.jsonl: run 26 6,011,124, 28-v16k 6,060,553, run 29 4,959,822
         "description": "Training data of the shipped SmolLM2-135M-Instruct drafters (dflash-retrace issue 13): the "
-                       "DFlash drafter is the work-in-progress lineage's run 24 (runs 1-24, ~140.5M supervised "
-                       "slot-tokens; runs 8, 15, 16, 18, 19, 20 and 21 were shipped before it), the ReTrace drafter its "
-                       "ReTrace stage",
+                       "DFlash drafter is the work-in-progress lineage's run 29 (runs 1-24, 26, 28-v16k and 29, "
+                       "~157.5M supervised slot-tokens; runs 8, 15, 16, 18, 19, 20, 21 and 24 were shipped before "
+                       "it), the ReTrace drafter its ReTrace stage",
         "data_folder": "data/smollm2-135m-instruct (README.md there has every command)",
         "files": files,
         "held_out": json.loads((DATA / "held-out-ids.json").read_text()),
@@ -66,13 +68,25 @@ def main(out: str) -> None:
                   "4,223 answers, 1.0 epoch",
             "24": "regen-mix14-part00 (the fifteenth mix): 4,169 answers + the 910 math answers of mix9 again: "
                   "5,079 answers, 1.0 epoch",
+            "26": "from run 24: regen-mix15-part00 + regen-mix15-part01 (the sixteenth mix, stores s15a, s15b): "
+                  "4,921 answers + the 910 math answers of mix9 again (sm9): 5,831 answers, 1,457 updates, 1.0 epoch",
+            "28-v16k": "from run 26 with its draft vocabulary grown from 8,192 to 16,384 ids: regen-mix16-part00 + "
+                       "regen-mix16-part01 (the seventeenth mix, stores s16a, s16b): 4,948 answers + the 910 math "
+                       "answers of mix9 again (sm9k): 5,858 answers, 1,464 updates, 1.0 epoch",
+            "29": "from 28-v16k at peak lr 1e-4: run 26's rows again (s15a, s15b, sm9: regen-mix15-part00 + "
+                  "regen-mix15-part01 + the 910 math answers of mix9): 5,831 answers, 1,200 updates, 0.82 epochs",
+            "side branches": "runs 25 (a depth A/B on run 24's rows), 27 (run 26 on the seventeenth mix, labels and "
+                             "distillation arms) and run 28's lr1 arm were not kept: none is in run 29's ancestry",
             "retrace": "608 answers of regen-mix10-part00 (the eleventh prompt mix, never trained on by any run; "
-                       "shuffled with seed 11, the first 608), prompts rolled out with run 24, backbone frozen "
-                       "(SOURCE=regen-mix10-part00 ROWS=608 results/ship13/retrace11.sh --freeze-backbone "
-                       "--max-steps 300); the stages of runs 18 to 21 used the same 608 rows rolled out with their "
-                       "own backbones; the ReTrace "
-                       "drafters shipped with runs 8, 15 and 16 used 248 answers of regen-mix2-part00, "
-                       "regen-mix6-part00 and regen-mix8-part00",
+                       "shuffled with seed 11, the first 608), prompts rolled out greedily with run 29 with "
+                       "draft_vocab_context on, rollouts and training in fp32, 300 updates of 2 sequences, backbone "
+                       "frozen (python results/context_vocab/with_context.py results/wip_run28/run29 /tmp/run29ctx; "
+                       "OUT=/work/run29/retrace29f32 bash results/wip_run28/retrace29.sh --dtype float32 "
+                       "--mixed-precision no, which runs SOURCE=regen-mix10-part00 ROWS=608 "
+                       "results/ship13/retrace11.sh --freeze-backbone --max-steps 300; results/ship29/README.md); "
+                       "the stages of runs 18 to 21 and 24 used the same 608 rows rolled out with their own "
+                       "backbones (bf16); the ReTrace drafters shipped with runs 8, 15 and 16 used 248 answers of "
+                       "regen-mix2-part00, regen-mix6-part00 and regen-mix8-part00",
         },
         "eval_overlap_check": "every prompt (and text-row response) sharing a 13-word window with a HumanEval (164), "
                               "MT-Bench (80) or GSM8K-test (1,319) prompt was dropped when the rows were built; "

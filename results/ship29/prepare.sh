@@ -25,7 +25,8 @@ for folder in sys.argv[2:]:
     write_payload(folder)
     config = json.load(open(f"{folder}/config.json"))
     config["lookup_threshold"] = float(sys.argv[1])
-    json.dump(config, open(f"{folder}/config.json", "w"), indent=2)
+    with open(f"{folder}/config.json", "w") as handle:  # as save_pretrained writes it: sorted keys, final newline
+        handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
     assert config["draft_vocab_context"] is True and config["draft_vocab_size"] == 16384, config
     print(folder, "retrace" if config.get("retrace") else "dflash", "ready, lookup_threshold", config["lookup_threshold"])
 PY
